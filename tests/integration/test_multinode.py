@@ -1,0 +1,74 @@
+"""A 2-node Ray cluster on this machine runs a short demo submitted with `ray job submit`."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, main_command
+
+pytestmark = pytest.mark.ray
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def two_node_cluster(tmp_path):
+    """Head and worker raylets on one host, each with one logical training slot (see verl_ext.platform.cpu)."""
+    gcs_port, dashboard_port = _free_port(), _free_port()
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    temp_dir = tmp_path / "ray"
+    common = ["--num-cpus=8", "--num-gpus=1", "--disable-usage-stats"]
+    subprocess.run(
+        [RAY, "start", "--head", f"--port={gcs_port}", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}",
+         "--include-dashboard=true", f"--dashboard-port={dashboard_port}", "--dashboard-host=127.0.0.1", *common],
+        check=True, env=env, capture_output=True,
+    )
+    try:
+        subprocess.run(
+            [RAY, "start", f"--address=127.0.0.1:{gcs_port}", "--node-ip-address=127.0.0.1", *common],
+            check=True, env=env, capture_output=True,
+        )
+        yield f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dashboard_port}"
+    finally:
+        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _training_worker_nodes(gcs_address: str) -> set[str]:
+    from ray.util.state import list_actors
+
+    actors = list_actors(address=gcs_address, detail=True, limit=10_000, raise_on_missing_output=False)
+    return {a.node_id for a in actors if "ActorRolloutRefWorker" in (a.class_name or "") or "WorkerDict" in (a.class_name or "")}
+
+
+def test_demo_runs_on_both_nodes(two_node_cluster, demo_data_dir, tmp_path):
+    gcs_address, dashboard = two_node_cluster
+    overrides = [
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=1",
+        "trainer.total_training_steps=1",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.rollout.n=2",
+        f"verl_ext.data_dir={demo_data_dir}",
+        f"verl_ext.report_dir={tmp_path / 'report'}",
+    ]
+    command = main_command(*overrides)
+    submit = [RAY, "job", "submit", f"--address={dashboard}", "--", *command]
+    started = time.time()
+    job = subprocess.run(submit, capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert job.returncode == 0, f"job failed after {time.time() - started:.0f}s:\n{job.stdout[-4000:]}\n{job.stderr[-2000:]}"
+    assert "steps: 1" in job.stdout, job.stdout[-3000:]
+    nodes = _training_worker_nodes(gcs_address)
+    assert len(nodes) == 2, f"training workers ran on {len(nodes)} node(s): {nodes}"

@@ -1,0 +1,78 @@
+"""verl's ``main_ppo`` with verl_ext's recipes on the Hydra search path.
+
+    python -m verl_ext.main [--config-name RECIPE] [verl overrides...]
+
+RECIPE is one of ``recipes/*.yaml`` (default ``demo_cpu``); any verl override works on top. Bad input is
+reported as one line naming the problem and the fix, before Ray starts.
+"""
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import hydra
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from verl_ext import preflight, report
+from verl_ext.demo_resolver import register_demo_resolver
+
+DEFAULT_RECIPE = "demo_cpu"
+
+
+def _run(config: DictConfig) -> None:
+    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from verl_ext.registration import check_registered
+
+    check_registered()
+    OmegaConf.resolve(config)  # builds the embedded default here, with progress, if the recipe asks for it
+    preflight.check(config)
+    preflight.prepare_ray(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    metrics_path = _enable_step_report(config)
+    if metrics_path is None:
+        run_ppo(config, task_runner_class=TaskRunnerV1)
+        return
+    progress = report.ProgressPrinter(metrics_path, config.trainer.total_training_steps)
+    progress.start()
+    try:
+        run_ppo(config, task_runner_class=TaskRunnerV1)
+    finally:
+        progress.stop()
+        print(report.summarize(metrics_path, metrics_path.with_name("steps.png")), flush=True)
+
+
+def _enable_step_report(config: DictConfig) -> Optional[Path]:
+    """With ``verl_ext.report_dir`` set and verl's ``file`` logger on, route its JSONL there for the report."""
+    report_dir = OmegaConf.select(config, "verl_ext.report_dir")
+    if not report_dir or "file" not in config.trainer.logger:
+        return None
+    metrics_path = Path(report_dir).expanduser().resolve() / "metrics.jsonl"
+    metrics_path.parent.mkdir(parents=True, exist_ok=True)
+    metrics_path.unlink(missing_ok=True)
+    runtime_env = config.ray_kwargs.ray_init.runtime_env
+    with open_dict(runtime_env):
+        runtime_env.env_vars = {**(runtime_env.get("env_vars") or {}), "VERL_FILE_LOGGER_PATH": str(metrics_path)}
+    return metrics_path
+
+
+@hydra.main(config_path="pkg://verl_ext.recipes", config_name=DEFAULT_RECIPE, version_base=None)
+def _hydra_main(config: DictConfig) -> None:
+    try:
+        _run(config)
+    except preflight.ConfigError as error:
+        sys.exit(f"verl_ext: {error}")
+
+
+def main() -> None:
+    register_demo_resolver()
+    preflight.check_recipe_name(sys.argv[1:])
+    os.environ.setdefault("HYDRA_FULL_ERROR", "0")
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

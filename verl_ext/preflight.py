@@ -1,0 +1,91 @@
+"""Start-up checks: each problem is one line that names it and the fix, raised before Ray starts."""
+
+import os
+from importlib import resources
+from pathlib import Path
+
+from omegaconf import DictConfig, open_dict
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def available_recipes() -> list[str]:
+    return sorted(p.name[: -len(".yaml")] for p in resources.files("verl_ext.recipes").iterdir() if p.name.endswith(".yaml"))
+
+
+def check_recipe_name(argv: list[str]) -> None:
+    name = _config_name(argv)
+    if name is not None and name not in available_recipes() and not Path(name).suffix:
+        raise SystemExit(
+            f"verl_ext: unknown recipe '{name}'; choose one of {', '.join(available_recipes())} with --config-name."
+        )
+
+
+def _config_name(argv: list[str]):
+    for i, arg in enumerate(argv):
+        if arg in ("--config-name", "-cn") and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--config-name="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def check(config: DictConfig) -> None:
+    _check_device(config.trainer.device)
+    _check_model_path(config.actor_rollout_ref.model.path)
+    for key in ("train_files", "val_files"):
+        _check_files(f"data.{key}", config.data[key])
+    reward_path = config.reward.custom_reward_function.get("path")
+    if reward_path:
+        _check_files("reward.custom_reward_function.path", reward_path)
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            "trainer.device=cuda but no CUDA GPU is visible here; set trainer.device=cpu "
+            "(e.g. --config-name demo_cpu) or run on a GPU node."
+        )
+    if device not in ("cuda", "cpu", "npu"):
+        raise ConfigError(f"trainer.device={device} is not supported; use cuda or cpu.")
+
+
+def _check_model_path(path: str) -> None:
+    looks_like_hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~"))
+    if not looks_like_hub_id and not Path(os.path.expanduser(path)).exists():
+        raise ConfigError(
+            f"model path '{path}' does not exist; point actor_rollout_ref.model.path at a Hugging Face model "
+            "directory (or a hub id)."
+        )
+
+
+def _check_files(key: str, value) -> None:
+    for path in [value] if isinstance(value, str) else list(value):
+        if "://" in str(path):
+            continue  # remote (hdfs://...): verl copies it in itself
+        if not Path(os.path.expanduser(path)).is_file():
+            raise ConfigError(f"{key}: file '{path}' not found; fix the path (or build it) and rerun.")
+
+
+def prepare_ray(config: DictConfig) -> None:
+    """On CPU, give a local Ray cluster one logical GPU slot per training rank (see verl_ext.platform.cpu)."""
+    if config.trainer.device != "cpu":
+        return
+    ray_init = config.ray_kwargs.ray_init
+    joining_cluster = os.environ.get("RAY_ADDRESS") or ray_init.get("address")
+    with open_dict(ray_init):
+        if joining_cluster:
+            # ray.init refuses resource arguments when it attaches to a running cluster.
+            ray_init.pop("num_cpus", None)
+            ray_init.pop("num_gpus", None)
+        elif ray_init.get("num_gpus") is None:
+            if config.trainer.nnodes != 1:
+                raise ConfigError(
+                    f"trainer.nnodes={config.trainer.nnodes} needs a running Ray cluster; start one with "
+                    "`ray start` on each node (CPU nodes: --num-gpus=N slots) and set RAY_ADDRESS."
+                )
+            ray_init.num_gpus = config.trainer.n_gpus_per_node

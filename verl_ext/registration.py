@@ -1,0 +1,43 @@
+"""Everything verl_ext adds to verl's registries, in one place."""
+
+HF_ROLLOUT = "hf"
+
+
+def _load_hf_replica():
+    from verl_ext.rollout.replica import HFReplica
+
+    return HFReplica
+
+
+def register_all() -> None:
+    import verl_ext.platform.cpu  # noqa: F401  (PlatformRegistry: "cpu")
+    from verl.workers.rollout.base import _ROLLOUT_REGISTRY
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    RolloutReplicaRegistry.register(HF_ROLLOUT, _load_hf_replica)
+    # verl's worker-side rollout table has no register function; it is a plain dict keyed by (name, mode).
+    _ROLLOUT_REGISTRY[(HF_ROLLOUT, "async")] = "verl_ext.rollout.adapter.HFServerAdapter"
+
+    import verl_ext.trainer  # noqa: F401  (TRAINER_REGISTRY: "verl_ext")
+    from verl_ext.demo_resolver import register_demo_resolver
+
+    register_demo_resolver()  # recipes name the embedded default as ${verl_ext_demo:...}
+
+
+def check_registered() -> None:
+    """Fail loudly if the plug-in did not load (verl logs plug-in import errors at debug level only)."""
+    from verl.plugin.platform import PlatformRegistry
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    from verl_ext.trainer import TRAINER_MODE
+
+    missing = []
+    if PlatformRegistry.get("cpu") is None:
+        missing.append("cpu platform")
+    if HF_ROLLOUT not in RolloutReplicaRegistry._registry:
+        missing.append("hf rollout")
+    if TRAINER_MODE not in TRAINER_REGISTRY:
+        missing.append("verl_ext trainer")
+    if missing:
+        raise RuntimeError(f"verl_ext plug-in not registered ({', '.join(missing)}); reinstall with `make install`.")

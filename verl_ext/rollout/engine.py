@@ -1,0 +1,220 @@
+"""Batched, KV-cached sampling with a Hugging Face causal LM: the reference rollout engine (CPU and GPU).
+
+The loop is continuous batching: requests join between steps (``add``), each step runs one forward for the
+whole batch (``step``), finished rows leave. Identical prompts (a GRPO group) are prefilled once and their
+cache rows copied. Each step feeds every row its pending token plus an optional draft; a ``Speculator``
+proposes drafts and verifies them exactly, otherwise one token is sampled per row.
+"""
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Optional, Protocol
+
+import torch
+from transformers import DynamicCache
+
+from verl_ext.rollout.batch_state import DecodeBatch, concat_batches
+from verl_ext.rollout.requests import GenerationRequest, GenerationResult
+from verl_ext.rollout.sampling import sample_tokens
+
+# Compact the cache once more than this share of its slots are holes or padding.
+_COMPACT_HOLE_FRACTION = 0.5
+
+
+@dataclass
+class RowState:
+    """Engine-side bookkeeping of one sequence."""
+
+    request: GenerationRequest
+    output: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    stop_checked: int = 0  # output tokens already scanned for a stop token
+
+    @property
+    def remaining(self) -> int:
+        return self.request.max_new_tokens - len(self.output)
+
+    def context(self) -> list[int]:
+        return self.request.prompt_ids + self.output
+
+
+class Speculator(Protocol):
+    """Drafts tokens for rows and verifies them against the target logits (see verl_ext.rollout.speculator)."""
+
+    def propose(self, rows: list[RowState]) -> list[list[int]]: ...
+
+    def verify(
+        self, logits: torch.Tensor, drafts: list[list[int]], rows: list[RowState], generator: torch.Generator
+    ) -> tuple[list[list[int]], list[list[float]]]: ...
+
+    def on_finished(self, row: RowState) -> None: ...
+
+
+class HFGenerationEngine:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        pad_token_id: int,
+        seed: int = 0,
+        speculator: Optional[Speculator] = None,
+    ):
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.speculator = speculator
+        self.device = next(model.parameters()).device
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.rows: dict[int, RowState] = {}
+        self.batch: Optional[DecodeBatch] = None
+        self._ids = itertools.count()
+        self.forward_calls = 0
+
+    # ---- public API -------------------------------------------------------------------------------------
+
+    @property
+    def has_work(self) -> bool:
+        return self.batch is not None
+
+    @torch.no_grad()
+    def add(self, requests: list[GenerationRequest]) -> list[int]:
+        """Prefill ``requests`` and join them to the running batch; returns their handles."""
+        handles = [next(self._ids) for _ in requests]
+        for handle, request in zip(handles, requests, strict=True):
+            self.rows[handle] = RowState(request)
+        new_batch = self._prefill(handles)
+        self.batch = new_batch if self.batch is None else concat_batches(self.batch, new_batch)
+        return handles
+
+    @torch.no_grad()
+    def step(self) -> dict[int, GenerationResult]:
+        """One forward for the whole batch; returns the requests that finished in it."""
+        batch = self.batch
+        rows = [self.rows[h] for h in batch.request_ids]
+        drafts = self.speculator.propose(rows) if self.speculator else [[] for _ in rows]
+        logits = self._forward_step(batch, drafts)  # [B, K+1, V]
+        if self.speculator:
+            emitted, log_probs = self.speculator.verify(logits, drafts, rows, self.generator)
+        else:
+            tokens, token_log_probs = sample_tokens(logits[:, 0], [r.request.sampling for r in rows], self.generator)
+            emitted, log_probs = [[t] for t in tokens.tolist()], [[lp] for lp in token_log_probs.tolist()]
+        self._advance(batch, emitted, log_probs)
+        return self._retire_finished(rows)
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Run ``requests`` to completion (alone, or on top of whatever is already running)."""
+        handles = self.add(requests)
+        results: dict[int, GenerationResult] = {}
+        while not all(h in results for h in handles):
+            results.update(self.step())
+        return [results[h] for h in handles]
+
+    def abort_all(self) -> dict[int, GenerationResult]:
+        aborted = {h: GenerationResult(r.output, r.log_probs, "aborted") for h, r in self.rows.items()}
+        self.rows.clear()
+        self.batch = None
+        return aborted
+
+    # ---- internals --------------------------------------------------------------------------------------
+
+    def _prefill(self, handles: list[int]) -> DecodeBatch:
+        """Prefill each distinct prompt once, copy its cache row to every request that shares it."""
+        prompts = [tuple(self.rows[h].request.prompt_ids) for h in handles]
+        unique = list(dict.fromkeys(prompts))
+        width = max(len(p) for p in unique)
+        input_ids = torch.full((len(unique), width), self.pad_token_id, dtype=torch.long, device=self.device)
+        valid = torch.zeros(len(unique), width, dtype=torch.bool, device=self.device)
+        for i, prompt in enumerate(unique):
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt, device=self.device)
+            valid[i, width - len(prompt) :] = True
+        positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=input_ids, attention_mask=valid.long(), position_ids=positions, past_key_values=cache
+        )
+        self.forward_calls += 1
+        member_of = torch.tensor([unique.index(p) for p in prompts], device=self.device)  # [N]
+        batch = DecodeBatch(
+            cache=out.past_key_values,
+            valid=valid,
+            next_position=valid.sum(dim=1),
+            pending_token=torch.zeros(len(unique), dtype=torch.long, device=self.device),
+            request_ids=list(range(len(unique))),
+        ).select_rows(member_of)
+        batch.request_ids = list(handles)
+        last_logits = out.logits[:, -1].index_select(0, member_of)  # [N, V]
+        sampling = [self.rows[h].request.sampling for h in handles]
+        tokens, log_probs = sample_tokens(last_logits, sampling, self.generator)
+        batch.pending_token = tokens
+        for handle, token, log_prob in zip(handles, tokens.tolist(), log_probs.tolist(), strict=True):
+            self.rows[handle].output.append(token)
+            self.rows[handle].log_probs.append(log_prob)
+        return batch
+
+    def _forward_step(self, batch: DecodeBatch, drafts: list[list[int]]) -> torch.Tensor:
+        """Feed [pending token, draft...] per row; returns logits [B, K+1, V]."""
+        width = 1 + max(len(d) for d in drafts)
+        input_ids = torch.full((batch.size, width), self.pad_token_id, dtype=torch.long, device=self.device)
+        input_ids[:, 0] = batch.pending_token
+        for i, draft in enumerate(drafts):
+            if draft:
+                input_ids[i, 1 : 1 + len(draft)] = torch.tensor(draft, device=self.device)
+        draft_lens = torch.tensor([len(d) for d in drafts], device=self.device)
+        offsets = torch.arange(width, device=self.device)
+        slot_valid = offsets.unsqueeze(0) <= draft_lens.unsqueeze(1)  # [B, K+1]
+        positions = batch.next_position.unsqueeze(1) + offsets.unsqueeze(0)
+        attention_mask = torch.cat([batch.valid, slot_valid], dim=1).long()
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            past_key_values=batch.cache,
+        )
+        self.forward_calls += 1
+        return out.logits
+
+    def _advance(self, batch: DecodeBatch, emitted: list[list[int]], log_probs: list[list[float]]) -> None:
+        """Keep the cache slots of accepted tokens; the last emitted token of each row becomes pending."""
+        accepted = torch.tensor([len(e) - 1 for e in emitted], device=self.device)  # drafts kept per row
+        width = batch.cache.layers[0].keys.shape[2] - batch.cache_length  # slots the last forward appended
+        offsets = torch.arange(width, device=self.device)
+        batch.append_slots(offsets.unsqueeze(0) <= accepted.unsqueeze(1))
+        batch.next_position = batch.next_position + accepted + 1
+        batch.pending_token = torch.tensor([e[-1] for e in emitted], device=self.device)
+        for handle, tokens, lps in zip(batch.request_ids, emitted, log_probs, strict=True):
+            row = self.rows[handle]
+            row.output.extend(tokens)
+            row.log_probs.extend(lps)
+
+    def _retire_finished(self, rows: list[RowState]) -> dict[int, GenerationResult]:
+        finished: dict[int, GenerationResult] = {}
+        keep = []
+        for index, (handle, row) in enumerate(zip(self.batch.request_ids, rows, strict=True)):
+            result = _finish_if_done(row)
+            if result is None:
+                keep.append(index)
+                continue
+            finished[handle] = result
+            del self.rows[handle]
+            if self.speculator:
+                self.speculator.on_finished(row)
+        if not keep:
+            self.batch = None
+        elif finished:
+            self.batch = self.batch.select_rows(torch.tensor(keep, device=self.device))
+        if self.batch is not None and self.batch.hole_fraction() > _COMPACT_HOLE_FRACTION:
+            self.batch.compact()
+        return finished
+
+
+def _finish_if_done(row: RowState) -> Optional[GenerationResult]:
+    """Cut the output at the first stop token or at the length limit; None while the row goes on."""
+    stops = row.request.stop_token_ids
+    for i in range(row.stop_checked, len(row.output)):
+        if row.output[i] in stops:
+            return GenerationResult(row.output[: i + 1], row.log_probs[: i + 1], "stop")
+    row.stop_checked = len(row.output)
+    if row.remaining <= 0:
+        limit = row.request.max_new_tokens
+        return GenerationResult(row.output[:limit], row.log_probs[:limit], "length")
+    return None
+

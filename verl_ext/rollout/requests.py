@@ -1,0 +1,58 @@
+"""What a rollout request asks for and what it gets back, independent of verl's wire types."""
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+# Sampling options verl's agent loop sends that we honour; anything else is rejected, never ignored.
+_HONOURED = {"temperature", "top_k", "top_p", "logprobs", "max_tokens", "max_new_tokens", "seed"}
+# Options that are accepted only at their neutral value.
+_NEUTRAL = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0}
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    temperature: float = 1.0  # 0 means greedy
+    top_k: int = -1  # -1 or 0: off
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class GenerationRequest:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    stop_token_ids: frozenset[int] = frozenset()
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    log_probs: list[float]  # log-prob of each token under the temperature-scaled policy
+    finish_reason: Literal["stop", "length", "aborted"]
+
+
+def parse_sampling_params(params: dict[str, Any], default_max_tokens: int) -> tuple[SamplingSettings, int, bool]:
+    """Split verl's ``sampling_params`` dict into (settings, max_new_tokens, want_logprobs).
+
+    Raises ValueError for options the HF engine would otherwise silently ignore.
+    """
+    unknown = [k for k in params if k not in _HONOURED and k not in _NEUTRAL]
+    if unknown:
+        raise ValueError(f"HF rollout does not support sampling options {sorted(unknown)}; remove them.")
+    for key, neutral in _NEUTRAL.items():
+        if key in params and params[key] is not None and float(params[key]) != neutral:
+            raise ValueError(f"HF rollout does not support {key}={params[key]}; only {neutral} is supported.")
+    temperature = float(params.get("temperature", 1.0))
+    top_k = int(params.get("top_k", -1) or -1)
+    top_p = float(params.get("top_p", 1.0))
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"invalid sampling: temperature={temperature} (need >= 0), top_p={top_p} (need (0, 1]).")
+    max_tokens: Optional[int] = params.get("max_tokens", params.get("max_new_tokens"))
+    max_new = int(max_tokens) if max_tokens is not None else default_max_tokens
+    return SamplingSettings(temperature, top_k, top_p), max(1, min(max_new, default_max_tokens)), bool(
+        params.get("logprobs", False)
+    )

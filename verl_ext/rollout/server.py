@@ -1,0 +1,215 @@
+"""The HF rollout server: a Ray actor that serves verl's token-in/token-out ``generate`` calls.
+
+verl's agent loop sends one ``generate`` per sample, concurrently. They are queued here and a single engine
+thread folds them into one continuously batched decode loop (``HFGenerationEngine``), so a GRPO batch runs as
+one batch however its requests arrive. Weight updates and sleep/wake from verl's checkpoint engine take the
+same lock as the decode loop, so they never land in the middle of a step.
+"""
+
+import asyncio
+import logging
+import os
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from verl.workers.rollout.replica import TokenOutput
+
+from verl_ext.rollout.engine import HFGenerationEngine
+from verl_ext.rollout.model_loading import as_model_config, load_rollout_model, rollout_device, stop_token_ids
+from verl_ext.rollout.requests import GenerationRequest, GenerationResult, parse_sampling_params
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    request: GenerationRequest
+    want_log_probs: bool
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
+class HFRolloutServer:
+    """One engine per replica. Methods mirror verl's vLLM server where verl's managers call them."""
+
+    def __init__(self, config, model_config, replica_rank: int = 0, hybrid: bool = True):
+        self.config = config
+        self.model_config = model_config = as_model_config(model_config)
+        self.replica_rank = replica_rank
+        self.hybrid = hybrid
+        self.global_steps: Optional[int] = None
+        self.device = rollout_device()
+        self._configure_threads()
+        self.model = load_rollout_model(model_config, config, self.device)
+        self.stop_ids = stop_token_ids(model_config)
+        self.engine = HFGenerationEngine(
+            self.model,
+            pad_token_id=_pad_token_id(model_config),
+            seed=config.seed + replica_rank,
+            speculator=self._build_speculator(),
+        )
+        self._lock = threading.Lock()  # engine state and weights
+        self._inbox: "queue.Queue[_Pending]" = queue.Queue()
+        self._waiting: dict[int, _Pending] = {}
+        self._accepting = True
+        threading.Thread(target=self._decode_loop, name="hf-rollout-decode", daemon=True).start()
+
+    # ---- verl's server API --------------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data: Optional[list[Any]] = None,
+        video_data: Optional[list[Any]] = None,
+        **kwargs,
+    ) -> TokenOutput:
+        if image_data or video_data:
+            raise ValueError("HF rollout serves text-only models; use rollout.name=vllm for multi-modal data.")
+        if not self._accepting:
+            return TokenOutput(token_ids=[], stop_reason="aborted", extra_fields=self._extra_fields())
+        settings, max_new, want_log_probs = parse_sampling_params(dict(sampling_params), self._max_new(prompt_ids))
+        request = GenerationRequest(list(prompt_ids), max_new, settings, self.stop_ids)
+        loop = asyncio.get_running_loop()
+        pending = _Pending(request, want_log_probs, loop.create_future(), loop)
+        self._inbox.put(pending)
+        result: GenerationResult = await pending.future
+        return TokenOutput(
+            token_ids=result.token_ids,
+            log_probs=result.log_probs if want_log_probs else None,
+            stop_reason="aborted" if result.finish_reason == "aborted" else "completed",
+            extra_fields=self._extra_fields(),
+        )
+
+    async def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Copy the actor's weights in (HF parameter names)."""
+        await asyncio.to_thread(self._load_weights_locked, named_tensors)
+
+    async def wake_up(self, tags: Optional[list[str]] = None):
+        if self.hybrid and self.device.type != "cpu":
+            await asyncio.to_thread(self._move_model, self.device)
+
+    async def sleep(self):
+        # Colocated with training on an accelerator: give the memory back while the actor trains.
+        if self.hybrid and self.device.type != "cpu" and self.config.free_cache_engine:
+            await asyncio.to_thread(self._move_model, torch.device("cpu"))
+
+    async def clear_kv_cache(self):
+        pass  # the engine keeps no cache across requests
+
+    async def release_kv_cache(self):
+        pass
+
+    async def resume_kv_cache(self):
+        pass
+
+    async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False):
+        self._accepting = not reject_request
+        aborted = await asyncio.to_thread(self._abort_locked)
+        return {"aborted_count": len(aborted), "request_ids": []}
+
+    async def resume_generation(self):
+        self._accepting = True
+
+    async def set_global_steps(self, global_steps: int):
+        self.global_steps = global_steps
+
+    async def wait_for_requests_to_drain(self):
+        while self._waiting or not self._inbox.empty():
+            await asyncio.sleep(0.01)
+
+    async def start_profile(self, **kwargs):
+        pass
+
+    async def stop_profile(self):
+        pass
+
+    def get_server_address(self) -> tuple[str, int]:
+        return "127.0.0.1", 0  # token-in/token-out through the actor handle only; no HTTP endpoint
+
+    def speculation_metrics(self) -> dict[str, float]:
+        return self.engine.speculator.pop_metrics() if self.engine.speculator else {}
+
+    # ---- engine thread ------------------------------------------------------------------------------------
+
+    def _decode_loop(self) -> None:
+        while True:
+            if not self.engine.has_work:
+                self._admit([self._inbox.get()])  # block until there is something to do
+            self._admit(self._drain_inbox())
+            with self._lock:
+                finished = self.engine.step() if self.engine.has_work else {}
+            self._deliver(finished)
+
+    def _drain_inbox(self) -> list[_Pending]:
+        items = []
+        while True:
+            try:
+                items.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return items
+
+    def _admit(self, items: list[_Pending]) -> None:
+        if not items:
+            return
+        with self._lock:
+            handles = self.engine.add([p.request for p in items])
+        self._waiting.update(zip(handles, items))
+
+    def _deliver(self, finished: dict[int, GenerationResult]) -> None:
+        for handle, result in finished.items():
+            pending = self._waiting.pop(handle)
+            pending.loop.call_soon_threadsafe(_resolve, pending.future, result)
+
+    def _abort_locked(self) -> dict[int, GenerationResult]:
+        with self._lock:
+            aborted = self.engine.abort_all()
+        self._deliver(aborted)
+        return aborted
+
+    def _load_weights_locked(self, named_tensors) -> None:
+        with self._lock:
+            state = self.model.state_dict(keep_vars=True)  # tied weights appear under every name
+            unknown = [name for name, _ in named_tensors if name not in state]
+            if unknown:
+                raise KeyError(f"weights {unknown[:5]} from the actor do not exist in the rollout model.")
+            for name, tensor in named_tensors:
+                state[name].data.copy_(tensor)
+
+    def _move_model(self, device: torch.device) -> None:
+        with self._lock:
+            self.model.to(device)
+
+    # ---- helpers ------------------------------------------------------------------------------------------
+
+    def _max_new(self, prompt_ids: list[int]) -> int:
+        budget = self.config.prompt_length + self.config.response_length - len(prompt_ids)
+        return max(1, min(self.config.response_length, budget))
+
+    def _extra_fields(self) -> dict[str, Any]:
+        return {"global_steps": self.global_steps}
+
+    def _configure_threads(self) -> None:
+        # Ray pins actors to one thread; the decode loop is the only busy process during rollout.
+        threads = (self.config.engine_kwargs.get("hf") or {}).get("num_threads") or os.cpu_count()
+        torch.set_num_threads(int(threads))
+
+    def _build_speculator(self):
+        from verl_ext.rollout.speculator import build_speculator
+
+        return build_speculator(self.config)
+
+
+def _resolve(future: asyncio.Future, result: GenerationResult) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _pad_token_id(model_config) -> int:
+    tokenizer = model_config.tokenizer
+    pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+    return int(pad) if pad is not None else 0
