@@ -37,9 +37,24 @@ def check(config: DictConfig) -> None:
     _check_model_path(config.actor_rollout_ref.model.path)
     for key in ("train_files", "val_files"):
         _check_files(f"data.{key}", config.data[key])
+    _check_speculation(config.actor_rollout_ref.rollout)
     reward_path = config.reward.custom_reward_function.get("path")
     if reward_path:
         _check_files("reward.custom_reward_function.path", reward_path)
+
+
+def _check_speculation(rollout) -> None:
+    from verl_ext.rollout.speculator import build_speculation_config
+
+    try:
+        enabled = build_speculation_config(rollout) is not None
+    except ValueError as error:
+        raise ConfigError(f"actor_rollout_ref.rollout.custom.speculation: {error}") from None
+    if enabled and rollout.name != "hf":
+        raise ConfigError(
+            f"rollout.custom.speculation is served by rollout.name=hf, not {rollout.name}; set "
+            "actor_rollout_ref.rollout.custom.speculation.method=none or use the hf rollout."
+        )
 
 
 def _check_device(device: str) -> None:

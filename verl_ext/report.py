@@ -17,7 +17,7 @@ COLUMNS = [
     ("old_lp_s", "timing_s/old_log_prob", "{:>8.2f}"),
     ("ref_s", "timing_s/ref", "{:>6.2f}"),
     ("update_s", "timing_s/update_actor", "{:>8.2f}"),
-    ("acc/fwd", "rollout/spec/accepted_per_forward", "{:>7.2f}"),
+    ("acc/fwd", "rollout/spec/accepted_tokens_per_forward", "{:>7.2f}"),
 ]
 
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, main_command
+from verl_ext_testing import REPO, main_command
 
 pytestmark = pytest.mark.ray
 

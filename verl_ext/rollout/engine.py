@@ -2,20 +2,21 @@
 
 The loop is continuous batching: requests join between steps (``add``), each step runs one forward for the
 whole batch (``step``), finished rows leave. Identical prompts (a GRPO group) are prefilled once and their
-cache rows copied. Each step feeds every row its pending token plus an optional draft; a ``Speculator``
-proposes drafts and verifies them exactly, otherwise one token is sampled per row.
+cache rows copied. Each step feeds every row its pending token plus an optional draft from the
+``Speculator``; one exact verifier turns the logits into tokens, so a row without a draft is a plain
+sampling step through the same code.
 """
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from typing import Optional
 
 import torch
 from transformers import DynamicCache
 
 from verl_ext.rollout.batch_state import DecodeBatch, concat_batches
 from verl_ext.rollout.requests import GenerationRequest, GenerationResult
-from verl_ext.rollout.sampling import sample_tokens
+from verl_ext.speculation import BatchSamplingParams, DraftRequest, Speculator, pad_drafts, prompt_key, sample_next, verify
 
 # Compact the cache once more than this share of its slots are holes or padding.
 _COMPACT_HOLE_FRACTION = 0.5
@@ -26,6 +27,7 @@ class RowState:
     """Engine-side bookkeeping of one sequence."""
 
     request: GenerationRequest
+    prompt_key: int
     output: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     stop_checked: int = 0  # output tokens already scanned for a stop token
@@ -34,20 +36,16 @@ class RowState:
     def remaining(self) -> int:
         return self.request.max_new_tokens - len(self.output)
 
-    def context(self) -> list[int]:
-        return self.request.prompt_ids + self.output
+    def draft_request(self, handle: int) -> DraftRequest:
+        # a snapshot: the prefetch thread reads it while this row's output grows
+        return DraftRequest(handle, self.prompt_key, self.request.prompt_ids, tuple(self.output))
 
 
-class Speculator(Protocol):
-    """Drafts tokens for rows and verifies them against the target logits (see verl_ext.rollout.speculator)."""
-
-    def propose(self, rows: list[RowState]) -> list[list[int]]: ...
-
-    def verify(
-        self, logits: torch.Tensor, drafts: list[list[int]], rows: list[RowState], generator: torch.Generator
-    ) -> tuple[list[list[int]], list[list[float]]]: ...
-
-    def on_finished(self, row: RowState) -> None: ...
+def _sampling_params(rows: list[RowState], device: torch.device) -> BatchSamplingParams:
+    settings = [r.request.sampling for r in rows]
+    return BatchSamplingParams.per_row(
+        [s.temperature for s in settings], [s.top_k for s in settings], [s.top_p for s in settings], device
+    )
 
 
 class HFGenerationEngine:
@@ -80,7 +78,7 @@ class HFGenerationEngine:
         """Prefill ``requests`` and join them to the running batch; returns their handles."""
         handles = [next(self._ids) for _ in requests]
         for handle, request in zip(handles, requests, strict=True):
-            self.rows[handle] = RowState(request)
+            self.rows[handle] = RowState(request, prompt_key(request.prompt_ids))
         new_batch = self._prefill(handles)
         self.batch = new_batch if self.batch is None else concat_batches(self.batch, new_batch)
         return handles
@@ -90,13 +88,14 @@ class HFGenerationEngine:
         """One forward for the whole batch; returns the requests that finished in it."""
         batch = self.batch
         rows = [self.rows[h] for h in batch.request_ids]
-        drafts = self.speculator.propose(rows) if self.speculator else [[] for _ in rows]
+        drafts, requests = self._propose(batch.request_ids, rows)
         logits = self._forward_step(batch, drafts)  # [B, K+1, V]
+        draft_tokens, num_draft = pad_drafts(drafts)
+        result = verify(logits, draft_tokens, num_draft, _sampling_params(rows, self.device), self.generator)
         if self.speculator:
-            emitted, log_probs = self.speculator.verify(logits, drafts, rows, self.generator)
-        else:
-            tokens, token_log_probs = sample_tokens(logits[:, 0], [r.request.sampling for r in rows], self.generator)
-            emitted, log_probs = [[t] for t in tokens.tolist()], [[lp] for lp in token_log_probs.tolist()]
+            self.speculator.record(requests, drafts, result.num_accepted.tolist())
+        emitted = result.token_lists()
+        log_probs = [lp[: len(e)] for lp, e in zip(result.logprobs.tolist(), emitted, strict=True)]
         self._advance(batch, emitted, log_probs)
         return self._retire_finished(rows)
 
@@ -107,6 +106,13 @@ class HFGenerationEngine:
         while not all(h in results for h in handles):
             results.update(self.step())
         return [results[h] for h in handles]
+
+    def _propose(self, handles: list[int], rows: list[RowState]) -> tuple[list[list[int]], list[DraftRequest]]:
+        if self.speculator is None:
+            return [[] for _ in rows], []
+        requests = [row.draft_request(h) for h, row in zip(handles, rows, strict=True)]
+        # never draft past max_new_tokens: the verifier always emits one token after the draft
+        return self.speculator.propose(requests, limits=[row.remaining - 1 for row in rows]), requests
 
     def abort_all(self) -> dict[int, GenerationResult]:
         aborted = {h: GenerationResult(r.output, r.log_probs, "aborted") for h, r in self.rows.items()}
@@ -142,8 +148,8 @@ class HFGenerationEngine:
         ).select_rows(member_of)
         batch.request_ids = list(handles)
         last_logits = out.logits[:, -1].index_select(0, member_of)  # [N, V]
-        sampling = [self.rows[h].request.sampling for h in handles]
-        tokens, log_probs = sample_tokens(last_logits, sampling, self.generator)
+        params = _sampling_params([self.rows[h] for h in handles], self.device)
+        tokens, log_probs = sample_next(last_logits, params, self.generator)
         batch.pending_token = tokens
         for handle, token, log_prob in zip(handles, tokens.tolist(), log_probs.tolist(), strict=True):
             self.rows[handle].output.append(token)
@@ -196,7 +202,9 @@ class HFGenerationEngine:
             finished[handle] = result
             del self.rows[handle]
             if self.speculator:
-                self.speculator.on_finished(row)
+                # siblings still running can draft from this response from the next step on
+                self.speculator.observe(row.prompt_key, row.request.prompt_ids, result.token_ids)
+                self.speculator.release([handle])
         if not keep:
             self.batch = None
         elif finished:

@@ -20,6 +20,7 @@ from verl.workers.rollout.replica import TokenOutput
 from verl_ext.rollout.engine import HFGenerationEngine
 from verl_ext.rollout.model_loading import as_model_config, load_rollout_model, rollout_device, stop_token_ids
 from verl_ext.rollout.requests import GenerationRequest, GenerationResult, parse_sampling_params
+from verl_ext.rollout.speculator import build_speculator
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class HFRolloutServer:
             self.model,
             pad_token_id=_pad_token_id(model_config),
             seed=config.seed + replica_rank,
-            speculator=self._build_speculator(),
+            speculator=build_speculator(config),
         )
         self._lock = threading.Lock()  # engine state and weights
         self._inbox: "queue.Queue[_Pending]" = queue.Queue()
@@ -131,8 +132,21 @@ class HFRolloutServer:
     def get_server_address(self) -> tuple[str, int]:
         return "127.0.0.1", 0  # token-in/token-out through the actor handle only; no HTTP endpoint
 
-    def speculation_metrics(self) -> dict[str, float]:
-        return self.engine.speculator.pop_metrics() if self.engine.speculator else {}
+    async def speculation_metrics(self) -> dict[str, float]:
+        """Speculation counters since the last call (empty when speculation is off)."""
+        if self.engine.speculator is None:
+            return {}
+        return await asyncio.to_thread(self._locked, lambda: self.engine.speculator.take_metrics().as_dict())
+
+    async def speculation_state(self) -> Optional[dict]:
+        """The drafter's history, for verl checkpoints."""
+        if self.engine.speculator is None:
+            return None
+        return await asyncio.to_thread(self._locked, self.engine.speculator.state_dict)
+
+    async def load_speculation_state(self, state: dict) -> None:
+        if self.engine.speculator is not None:
+            await asyncio.to_thread(self._locked, lambda: self.engine.speculator.load_state_dict(state))
 
     # ---- engine thread ------------------------------------------------------------------------------------
 
@@ -181,8 +195,11 @@ class HFRolloutServer:
                 state[name].data.copy_(tensor)
 
     def _move_model(self, device: torch.device) -> None:
+        self._locked(lambda: self.model.to(device))
+
+    def _locked(self, fn):
         with self._lock:
-            self.model.to(device)
+            return fn()
 
     # ---- helpers ------------------------------------------------------------------------------------------
 
@@ -197,11 +214,6 @@ class HFRolloutServer:
         # Ray pins actors to one thread; the decode loop is the only busy process during rollout.
         threads = (self.config.engine_kwargs.get("hf") or {}).get("num_threads") or os.cpu_count()
         torch.set_num_threads(int(threads))
-
-    def _build_speculator(self):
-        from verl_ext.rollout.speculator import build_speculator
-
-        return build_speculator(self.config)
 
 
 def _resolve(future: asyncio.Future, result: GenerationResult) -> None:

@@ -1,0 +1,22 @@
+"""A short real GRPO run through `python -m verl_ext.main` on the embedded default."""
+
+import json
+import subprocess
+
+from verl_ext_testing import REPO, main_command
+
+
+def test_two_grpo_steps(demo_data_dir, tmp_path):
+    report_dir = tmp_path / "report"
+    command = main_command(
+        "trainer.total_training_steps=2", f"verl_ext.data_dir={demo_data_dir}", f"verl_ext.report_dir={report_dir}"
+    )
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "steps: 2" in result.stdout and (report_dir / "steps.png").stat().st_size > 0
+    steps = [json.loads(line)["data"] for line in (report_dir / "metrics.jsonl").read_text().splitlines()]
+    for metrics in steps:
+        # the HF rollout got the actor's weights and reports the actor's own (temperature-scaled) log-probs
+        assert metrics["training/rollout_probs_diff_max"] < 1e-3
+        assert 0.0 <= metrics["critic/score/mean"] <= 1.0
+        assert metrics["response_length/mean"] > 0

@@ -1,0 +1,98 @@
+"""N-gram lookup on tiny token arrays; each case states the rule it checks."""
+
+import numpy as np
+
+from verl_ext.speculation.ngram_match import (SEP, as_history, continuation_counts, frequent_continuation,
+                                              longest_match)
+
+
+def draft(segments, context, min_n=1, max_n=4, budget=8, min_prob=0.0):
+    history = as_history(segments)
+    _, ends = longest_match(history, context, min_n, max_n)
+    return frequent_continuation(history, ends, budget, min_prob)
+
+
+def match_len(segments, context, min_n=1, max_n=4):
+    return longest_match(as_history(segments), context, min_n, max_n)[0]
+
+
+def test_layout_starts_each_segment_with_sep_and_pads_the_end():
+    history = as_history([[5, 6], [7]])
+    assert history[:5].tolist() == [SEP, 5, 6, SEP, 7] and (history[5:] == SEP).all()
+
+
+def test_suffix_found_drafts_what_followed():
+    # The continuation of the matched suffix is the draft.
+    assert draft([[1, 2, 3, 4]], [9, 2]) == [3, 4]
+
+
+def test_longest_match_wins_over_more_frequent_shorter_one():
+    # [1 2] matches twice with continuation 7, [5 1 2] once with 8: the longer match decides.
+    assert draft([[1, 2, 7], [1, 2, 7], [5, 1, 2, 8]], [5, 1, 2]) == [8]
+
+
+def test_max_n_caps_match_length():
+    # With max_n=2, only [1 2] is compared, so both continuations vote and 7 (twice) wins.
+    assert match_len([[1, 2, 7], [1, 2, 7], [5, 1, 2, 8]], [5, 1, 2], max_n=2) == 2
+    assert draft([[1, 2, 7], [1, 2, 7], [5, 1, 2, 8]], [5, 1, 2], max_n=2) == [7]
+
+
+def test_min_n_required():
+    # Only the last token matches; min_n=2 means no draft.
+    assert draft([[1, 2, 3]], [9, 2], min_n=2) == []
+    assert draft([[1, 2, 3]], [9, 2], min_n=1) == [3]
+
+
+def test_context_shorter_than_min_n_drafts_nothing():
+    assert draft([[1, 2, 3]], [2], min_n=2) == []
+
+
+def test_match_does_not_cross_segment_boundary():
+    # [3 | 4] spans two responses, so the context [3 4] only matches its last token 4 -> 9.
+    assert match_len([[1, 3], [4, 9]], [3, 4]) == 1
+
+
+def test_match_at_segment_end_has_no_continuation():
+    # [1 2] ends the only response: nothing follows, so no match.
+    assert match_len([[1, 2]], [1, 2]) == 0
+
+
+def test_most_frequent_continuation_then_follows_survivors():
+    # After [1], 2 follows twice and 5 once; then among the [1 2] rows, 3 then 4.
+    assert draft([[1, 2, 3, 4], [1, 5, 6], [1, 2, 3, 4]], [1]) == [2, 3, 4]
+
+
+def test_tie_goes_to_most_recent_response():
+    # 2 and 5 each follow [1] once: the later response (5) wins.
+    assert draft([[1, 2, 3], [1, 5, 6]], [1]) == [5, 6]
+
+
+def test_budget_respected():
+    assert draft([[1, 2, 3, 4, 5, 6]], [1], budget=3) == [2, 3, 4]
+
+
+def test_draft_stops_at_end_of_response():
+    assert draft([[1, 2, 3]], [1], budget=8) == [2, 3]
+
+
+def test_draft_stops_when_most_voters_ended():
+    # After [1 2], one response ends and two go on with different tokens: SEP has the most votes.
+    assert draft([[1, 2], [1, 2], [1, 2, 3], [1, 2, 4]], [1]) == [2]
+
+
+def test_min_prob_stops_on_uncertain_path():
+    # 2 follows [1] in 2 of 4 rows (0.5), then 3 vs 4 split (0.25): min_prob 0.3 keeps only [2].
+    segments = [[1, 2, 3], [1, 2, 4], [1, 5], [1, 6]]
+    assert draft(segments, [1], min_prob=0.3) == [2]
+    assert draft(segments, [1], min_prob=0.0) == [2, 4]
+
+
+def test_continuation_counts_sorted_by_frequency():
+    history = as_history([[1, 2], [1, 3], [1, 3]])
+    _, ends = longest_match(history, [1], 1, 4)
+    assert continuation_counts(history, ends) == [(3, 2), (2, 1)]
+
+
+def test_no_occurrence_returns_empty():
+    n, ends = longest_match(as_history([[1, 2, 3]]), [7], 1, 4)
+    assert n == 0 and ends.size == 0 and frequent_continuation(as_history([[1]]), np.zeros(0, np.int64), 4) == []

@@ -1,0 +1,121 @@
+"""Prefetch never changes outputs: same drafts and tokens as synchronous drafting, with hits counted."""
+
+import logging
+import threading
+
+import pytest
+
+from verl_ext.speculation import DraftRequest, SpeculationConfig, Speculator, build_drafter, prompt_key
+from verl_ext.speculation.drafters.ngram_rl import NgramRLDrafter
+from verl_ext.speculation.prefetch import DraftPrefetcher
+
+PROMPTS = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+CONFIG = dict(min_match=1, max_match=4)
+
+
+def speculator(prefetch, drafter=None, interrupt=False):
+    config = SpeculationConfig(prefetch=prefetch, **CONFIG)
+    spec = Speculator(config, drafter=drafter)
+    if prefetch:
+        spec.prefetcher.interrupt_on_collect = interrupt
+    return spec
+
+
+def epochs(spec, table, toy_rollout, count=3):
+    outputs, metrics = [], []
+    for epoch in range(count):
+        outputs.append(toy_rollout(spec, table, PROMPTS, group=4, max_new=20, temperature=0.7, seed=epoch))
+        metrics.append(spec.take_metrics())
+    spec.close()
+    return outputs, metrics
+
+
+def test_prefetch_outputs_identical_and_coverage_counted(toy_table, toy_rollout):
+    sync_out, sync_metrics = epochs(speculator(False), toy_table, toy_rollout)
+    pre_out, pre_metrics = epochs(speculator(True), toy_table, toy_rollout)
+    assert pre_out == sync_out
+    for sync, pre in zip(sync_metrics, pre_metrics):
+        # Same drafts step by step: identical drafted/accepted counts and cache contents.
+        assert (pre.drafted_tokens, pre.accepted_tokens, pre.cache_tokens) == (
+            sync.drafted_tokens, sync.accepted_tokens, sync.cache_tokens)
+    assert sum(m.prefetch_lookups for m in pre_metrics) > 0 and sync_metrics[-1].prefetch_lookups == 0
+    assert pre_metrics[-1].prefetch_coverage > 0.3  # history repeats by the third epoch
+    assert pre_metrics[-1].accepted_tokens_per_forward > 1.5
+
+
+def test_prefetch_with_interrupted_worker_still_identical(toy_table, toy_rollout):
+    # Timing decides which outcomes are ready; outputs must not depend on it.
+    assert epochs(speculator(True, interrupt=True), toy_table, toy_rollout, 2)[0] == \
+        epochs(speculator(False), toy_table, toy_rollout, 2)[0]
+
+
+class FlakyDrafter(NgramRLDrafter):
+    """Fails on every third draft the prefetch worker asks for, after it has prefetched others."""
+
+    calls = 0
+
+    def propose(self, requests, budgets):
+        if threading.current_thread().name.startswith("draft-prefetch"):
+            self.calls += 1
+            if self.calls % 3 == 0:
+                raise RuntimeError("boom")
+        return super().propose(requests, budgets)
+
+
+def test_worker_failure_falls_back_with_identical_outputs(toy_table, toy_rollout, caplog):
+    config = SpeculationConfig(**CONFIG)
+    spec = speculator(True, drafter=FlakyDrafter(config))
+    with caplog.at_level(logging.WARNING, logger="verl_ext.speculation.prefetch"):
+        flaky_out, _ = epochs(spec, toy_table, toy_rollout, 2)
+    assert flaky_out == epochs(speculator(False), toy_table, toy_rollout, 2)[0]
+    assert spec.prefetcher.stats.worker_errors > 0
+    assert "draft prefetch worker failed" in caplog.text
+
+
+def test_failed_worker_discards_what_it_prefetched():
+    drafter = FlakyDrafter(SpeculationConfig(**CONFIG))
+    key = prompt_key(PROMPTS[0])
+    for response in ([1, 2, 3, 4], [1, 2, 5, 6], [1, 2, 7, 8]):
+        drafter.observe(key, PROMPTS[0], response)
+    prefetcher = DraftPrefetcher(drafter, interrupt_on_collect=False)
+    prefetcher.submit([DraftRequest(0, key, PROMPTS[0], [1])], [[2]])  # outcomes (1, 7), (1, 5), (1, 3), ...
+    after = DraftRequest(0, key, PROMPTS[0], [1, 2, 7])  # the most likely outcome: prefetched before the failure
+    assert prefetcher.collect([after], [8]) == drafter.propose([after], [8])
+    assert prefetcher.stats.worker_errors == 1 and prefetcher.stats.hits == 0 and drafter.calls >= 3
+    prefetcher.close()
+
+
+def test_stale_prefetch_is_not_used_after_observe():
+    drafter = build_drafter(SpeculationConfig(**CONFIG))
+    key = prompt_key(PROMPTS[0])
+    drafter.observe(key, PROMPTS[0], [1, 2, 3, 4])
+    prefetcher = DraftPrefetcher(drafter, interrupt_on_collect=False)
+    req = DraftRequest(0, key, PROMPTS[0], [1])
+    prefetcher.submit([req], [[2]])
+    drafter.observe(key, PROMPTS[0], [1, 2, 3, 9, 9])  # a sibling finished after submit
+    after = DraftRequest(0, key, PROMPTS[0], [1, 2, 3])  # draft [2] accepted, then 3
+    assert prefetcher.collect([after], [8]) == drafter.propose([after], [8])
+    assert prefetcher.stats.hits == 0 and prefetcher.stats.lookups == 1 and prefetcher.stats.stale == 1
+    prefetcher.close()
+
+
+def test_hit_is_truncated_to_smaller_budget():
+    drafter = build_drafter(SpeculationConfig(**CONFIG))
+    key = prompt_key(PROMPTS[0])
+    drafter.observe(key, PROMPTS[0], [1, 2, 3, 4, 5, 6, 7])
+    prefetcher = DraftPrefetcher(drafter, interrupt_on_collect=False)
+    prefetcher.submit([DraftRequest(0, key, PROMPTS[0], [1])], [[2, 3]])
+    after = DraftRequest(0, key, PROMPTS[0], [1, 2, 3, 4])  # 2 accepted, bonus 4
+    assert prefetcher.collect([after], [2]) == [[5, 6]]
+    assert prefetcher.stats.hits == 1 and prefetcher.stats.coverage == 1.0
+    prefetcher.close()
+
+
+@pytest.mark.parametrize("method", ["prompt_lookup", "suffix"])
+def test_prefetch_identical_for_other_drafters(method, toy_table, toy_rollout):
+    def run(prefetch):
+        spec = Speculator(SpeculationConfig(method=method, prefetch=prefetch, **CONFIG))
+        if prefetch:
+            spec.prefetcher.interrupt_on_collect = False
+        return epochs(spec, toy_table, toy_rollout, 2)[0]
+    assert run(True) == run(False)

@@ -1,0 +1,49 @@
+"""The per-step facade the engine calls, and the metrics it reports."""
+
+import pickle
+
+from verl_ext.speculation import DraftRequest, SpeculationConfig, SpecMetrics, Speculator, prompt_key
+
+PROMPTS = [[1, 2, 3], [4, 5, 6]]
+
+
+def test_metrics_definitions():
+    metrics = SpecMetrics()
+    metrics.record_step([4, 0, 2], [4, 0, 1])
+    metrics.record_step([0, 0], [0, 0])
+    assert metrics.target_forwards == 2 and metrics.sequence_forwards == 5
+    assert metrics.emitted_tokens == 5 + 5 and metrics.accepted_tokens_per_forward == 2.0
+    assert metrics.acceptance_rate == 5 / 6
+    total = metrics + metrics
+    assert total.emitted_tokens == 20 and total.as_dict()["rollout/spec/accepted_tokens_per_forward"] == 2.0
+
+
+def test_no_speculation_is_one_token_per_forward(toy_table, toy_rollout):
+    spec = Speculator(SpeculationConfig(method="none"))
+    toy_rollout(spec, toy_table, PROMPTS, group=2, max_new=10, temperature=1.0, seed=0)
+    metrics = spec.take_metrics()
+    assert metrics.accepted_tokens_per_forward == 1.0 and metrics.drafted_tokens == 0
+
+
+def test_limits_cap_drafts():
+    spec = Speculator(SpeculationConfig(min_match=1, max_match=4, prefetch=False, adaptive=False))
+    key = prompt_key(PROMPTS[0])
+    spec.observe(key, PROMPTS[0], [1, 2, 3, 4, 5, 6])
+    requests = [DraftRequest(0, key, PROMPTS[0], [1]), DraftRequest(1, key, PROMPTS[0], [1])]
+    assert spec.propose(requests, limits=[2, 0]) == [[2, 3], []]
+
+
+def test_ngram_rl_speeds_up_later_epochs_and_state_dict_restores(toy_table, toy_rollout):
+    config = SpeculationConfig(min_match=1, max_match=4, prefetch=False)
+    spec = Speculator(config)
+    per_epoch = []
+    for epoch in range(3):
+        toy_rollout(spec, toy_table, PROMPTS, group=4, max_new=20, temperature=0.7, seed=epoch)
+        per_epoch.append(spec.take_metrics().accepted_tokens_per_forward)
+    assert per_epoch[0] < per_epoch[2] and per_epoch[2] > 1.5
+    restored = Speculator(config)
+    restored.load_state_dict(pickle.loads(pickle.dumps(spec.state_dict())))
+    assert restored.drafter.stats == spec.drafter.stats
+    a = toy_rollout(spec, toy_table, PROMPTS, group=4, max_new=20, temperature=0.7, seed=9)
+    b = toy_rollout(restored, toy_table, PROMPTS, group=4, max_new=20, temperature=0.7, seed=9)
+    assert a == b

@@ -1,0 +1,29 @@
+"""Every recipe composes through Hydra, resolves, passes verl's own validation and our start-up checks."""
+
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from verl_ext import preflight
+from verl_ext.demo_resolver import register_demo_resolver
+
+
+@pytest.mark.parametrize("recipe", preflight.available_recipes())
+def test_recipe_is_valid(recipe, demo_data_dir):
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    register_demo_resolver()
+    with initialize_config_module("verl_ext.recipes", version_base=None):
+        config = compose(recipe, overrides=[f"verl_ext.data_dir={demo_data_dir}"])
+    OmegaConf.resolve(config)
+    preflight.check(config)
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    # typed configs reject keys verl does not know
+    omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
+    omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+    assert config.trainer.v1.trainer_mode == "verl_ext"
+
+
+def test_recipes_exist():
+    assert {"demo_cpu", "grpo_baseline"} <= set(preflight.available_recipes())

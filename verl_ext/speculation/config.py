@@ -1,0 +1,107 @@
+"""Typed configuration for rollout speculation, and the sampling options exact verification covers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+SpeculationMethod = Literal["ngram_rl", "prompt_lookup", "suffix", "none"]
+
+# Longest draft the engine verifies in one forward (the forward runs over 1 + K tokens per row).
+MAX_DRAFT_TOKENS = 16
+
+# (batch size, cost of a forward over 1 + 16 tokens / cost of a forward over 1 token), measured on CPU:
+# Qwen2-architecture model, hidden 256, 4 layers, fp32, 2 threads, 512 cached tokens (notes/ngram-speculation.md).
+# On a GPU the ratio is close to 1 at small batch; pass a measured table through `verify_cost_table`.
+CPU_VERIFY_COST_TABLE: tuple[tuple[int, float], ...] = ((1, 1.9), (8, 2.4), (32, 3.1), (128, 3.6))
+
+
+def _fail(field: str, value: Any, fix: str) -> None:
+    raise ValueError(f"speculation.{field}={value!r} is invalid: {fix}")
+
+
+@dataclass
+class SpeculationConfig:
+    method: SpeculationMethod = "ngram_rl"
+    num_draft_tokens: int = MAX_DRAFT_TOKENS  # draft budget per sequence and step, 1..MAX_DRAFT_TOKENS
+    min_match: int = 2  # shortest context suffix (n-gram) that may seed a draft
+    max_match: int = 8  # longest context suffix compared against the history
+    cache_max_tokens: int = 4_000_000  # bound on tokens held by the history cache, all prompts together
+    max_responses_per_prompt: int = 16  # ngram_rl: per-prompt FIFO of recent responses
+    prefetch: bool = True  # prepare the next drafts in a background thread while verification runs
+    prefetch_candidates: int = 16  # outcomes (accepted count, next token) prefetched per sequence
+    # Per-sequence draft length from an EMA of acceptance and a verification-cost table (adaptive.py).
+    adaptive: bool = True
+    adaptive_ema_decay: float = 0.7  # weight of the past in the acceptance EMA, 0 <= decay < 1
+    adaptive_prior_acceptance: float = 0.7  # acceptance assumed for a sequence before its first verification
+    adaptive_probe_interval: int = 8  # steps a switched-off sequence waits before a 1-token probe draft
+    verify_cost_table: tuple[tuple[int, float], ...] = CPU_VERIFY_COST_TABLE
+    # suffix (SuffixDecoding-style baseline): global FIFO by request count, arctic-inference defaults.
+    suffix_max_requests: int = 10_000
+    suffix_min_token_prob: float = 0.1
+    suffix_max_spec_factor: float = 1.0  # draft length <= factor * match length
+
+    def __post_init__(self) -> None:
+        if self.method not in get_args(SpeculationMethod):
+            _fail("method", self.method, f"choose one of {list(get_args(SpeculationMethod))}.")
+        if not 1 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS:
+            _fail("num_draft_tokens", self.num_draft_tokens,
+                  f"set it between 1 and {MAX_DRAFT_TOKENS} (the engine's MAX_DRAFT_TOKENS); "
+                  "use method='none' to turn speculation off.")
+        if self.min_match < 1:
+            _fail("min_match", self.min_match, "set min_match >= 1.")
+        if self.min_match > self.max_match:
+            _fail("min_match", self.min_match, f"min_match must be <= max_match={self.max_match}; "
+                  "lower min_match or raise max_match.")
+        self._check_positive("cache_max_tokens", "max_responses_per_prompt", "prefetch_candidates",
+                             "adaptive_probe_interval", "suffix_max_requests")
+        if not 0.0 <= self.adaptive_ema_decay < 1.0:
+            _fail("adaptive_ema_decay", self.adaptive_ema_decay, "set it in [0, 1).")
+        if not 0.0 < self.adaptive_prior_acceptance < 1.0:
+            _fail("adaptive_prior_acceptance", self.adaptive_prior_acceptance, "set it in (0, 1).")
+        if not 0.0 <= self.suffix_min_token_prob <= 1.0:
+            _fail("suffix_min_token_prob", self.suffix_min_token_prob, "set it in [0, 1].")
+        if self.suffix_max_spec_factor <= 0:
+            _fail("suffix_max_spec_factor", self.suffix_max_spec_factor, "set it > 0.")
+        self.verify_cost_table = tuple((int(b), float(r)) for b, r in self.verify_cost_table)
+        if not self.verify_cost_table or any(b < 1 or r < 1.0 for b, r in self.verify_cost_table):
+            _fail("verify_cost_table", self.verify_cost_table,
+                  "give (batch_size >= 1, cost ratio >= 1.0) pairs, e.g. ((1, 1.9), (128, 3.6)).")
+
+    def _check_positive(self, *fields: str) -> None:
+        for field in fields:
+            if getattr(self, field) < 1:
+                _fail(field, getattr(self, field), "set it >= 1.")
+
+
+# Sampling options that change the target distribution in ways the verifier does not reproduce,
+# with the value at which they are inert.
+_UNSUPPORTED_NEUTRAL = {"min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+_UNSUPPORTED_EMPTY = ("logit_bias", "logits_processors", "logits_processor")
+
+
+def check_sampling_supported(sampling_params: dict) -> None:
+    """Raise ValueError for sampling options that exact speculative verification does not cover.
+
+    Covered: temperature (0 or do_sample=False means greedy), top_k (<= 0 off), top_p (1.0 off).
+    """
+    for key, neutral in _UNSUPPORTED_NEUTRAL.items():
+        value = sampling_params.get(key)
+        if value is not None and float(value) != neutral:
+            raise ValueError(
+                f"sampling option {key}={value!r} is not supported with speculative decoding: exact verification "
+                f"covers temperature, top_k and top_p only. Set {key}={neutral} or speculation.method='none'.")
+    for key in _UNSUPPORTED_EMPTY:
+        if sampling_params.get(key):
+            raise ValueError(
+                f"sampling option {key} is not supported with speculative decoding: the verifier cannot apply "
+                f"custom logit changes. Remove {key} or set speculation.method='none'.")
+    temperature = float(sampling_params.get("temperature", 1.0))
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} is invalid: use 0 for greedy or a positive value.")
+    top_p = float(sampling_params.get("top_p", 1.0))
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p={top_p} is invalid: use a value in (0, 1]; 1.0 turns top-p off.")
+    top_k = int(sampling_params.get("top_k", -1))
+    if top_k < -1:
+        raise ValueError(f"top_k={top_k} is invalid: use -1 or 0 to turn top-k off, or a positive count.")

@@ -1,0 +1,128 @@
+"""Longest suffix match and most-frequent continuation over one flat token array.
+
+A history is an int32 array of segments, each starting with SEP, followed by PAD more SEPs so a
+continuation window of up to MAX_DRAFT_TOKENS tokens never reads past the end:
+
+    [SEP, t, t, t, SEP, t, t, ..., t, SEP * PAD]
+
+Occurrences are identified by their *end*: the index of the last matched token. Later segments are
+more recent, so among equally frequent continuations the most recent one wins.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from verl_ext.speculation.config import MAX_DRAFT_TOKENS
+
+SEP = -1
+PAD = MAX_DRAFT_TOKENS + 1
+MAX_CANDIDATES = 64  # most recent occurrences that vote on a continuation
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def as_history(segments: Sequence[Sequence[int]]) -> np.ndarray:
+    """Flat history of the given segments, oldest first."""  # -> [sum(1 + len) + PAD]
+    parts = []
+    for seg in segments:
+        parts += [SEP, *seg]
+    return np.asarray(parts + [SEP] * PAD, dtype=np.int32)
+
+
+def match_levels(history: np.ndarray, ends: np.ndarray, context: Sequence[int], max_n: int) -> list[np.ndarray]:
+    """levels[n - 1]: ends of the occurrences of the last n context tokens that have a continuation."""
+    # history: [L] int32 with history[0] == SEP; ends: [C] candidate end indices
+    ends = ends[history[ends + 1] != SEP] if ends.size else ends
+    levels = []
+    for k in range(min(max_n, len(context))):
+        # history[0] is SEP and matched tokens are never SEP, so ends - k never goes below 0.
+        ends = ends[history[ends - k] == context[-1 - k]]
+        if ends.size == 0:
+            break
+        levels.append(ends)
+    return levels
+
+
+def extend_match(history: np.ndarray, ends: np.ndarray, context: Sequence[int],
+                 min_n: int, max_n: int) -> tuple[int, np.ndarray]:
+    """Grow the match backwards from candidate ends; return (length, ends of the longest suffix match).
+
+    history: [L] int32 with history[0] == SEP; ends: [C] candidate end indices; context: the tokens
+    before the draft (only the last max_n are read). A match must be followed by a token (not SEP)
+    and be at least min_n long, otherwise (0, []) is returned.
+    """
+    if len(context) < min_n:
+        return 0, _EMPTY
+    levels = match_levels(history, ends, context, max_n)
+    return (len(levels), levels[-1]) if len(levels) >= min_n else (0, _EMPTY)
+
+
+def longest_match(history: np.ndarray, context: Sequence[int], min_n: int, max_n: int) -> tuple[int, np.ndarray]:
+    """Longest suffix of context (min_n..max_n tokens) occurring in history with a continuation."""
+    if len(context) < min_n:
+        return 0, _EMPTY
+    ends = np.flatnonzero(history[:-1] == context[-1])
+    return extend_match(history, ends, context, min_n, max_n)
+
+
+def frequent_continuation(history: np.ndarray, ends: np.ndarray, budget: int, min_prob: float = 0.0) -> list[int]:
+    """Walk the continuation tree of the matched occurrences, taking the most frequent next token.
+
+    At each step the surviving occurrences vote; the winner (ties: most recent) is drafted and the
+    occurrences that disagree drop out. Stops at the budget, at SEP, or when the product of the
+    winners' vote shares falls below min_prob (SuffixDecoding's stopping rule).
+    """
+    budget = min(budget, MAX_DRAFT_TOKENS)
+    if budget <= 0 or ends.size == 0:
+        return []
+    ends = ends[-MAX_CANDIDATES:]
+    window = history[ends[:, None] + 1 + np.arange(budget)]  # [C, budget]
+    agree = (window == window[0]).all(axis=0)  # [budget] columns where every occurrence agrees
+    unanimous = budget if agree.all() else int(agree.argmin())
+    draft = until_sep(window[0, :unanimous].tolist())
+    if len(draft) < unanimous or unanimous == budget:
+        return draft
+    rows = window[::-1].tolist()  # newest first: the first maximum in vote order is the most recent
+    prob = 1.0
+    for j in range(unanimous, budget):
+        votes: dict[int, int] = {}
+        for row in rows:
+            votes[row[j]] = votes.get(row[j], 0) + 1
+        token, count = max(votes.items(), key=lambda kv: kv[1])
+        prob *= count / len(rows)
+        if token == SEP or prob < min_prob:
+            break
+        draft.append(token)
+        rows = [row for row in rows if row[j] == token]
+    return draft
+
+
+def continuation_counts(history: np.ndarray, ends: np.ndarray) -> list[tuple[int, int]]:
+    """(next token, occurrences) after the matched occurrences, most frequent first."""
+    nxt = history[ends[-MAX_CANDIDATES:] + 1]
+    tokens, counts = np.unique(nxt[nxt != SEP], return_counts=True)
+    order = np.lexsort((tokens, -counts))
+    return list(zip(tokens[order].tolist(), counts[order].tolist()))
+
+
+def backoff_counts(history: np.ndarray, context: Sequence[int], max_n: int) -> list[tuple[int, int]]:
+    """continuation_counts of the longest match (any length >= 1), then, with count 0, the tokens that
+    follow only shorter matches, longest first: a wider net of likely next tokens for prefetching."""
+    if not len(context):
+        return []
+    levels = match_levels(history, np.flatnonzero(history[:-1] == context[-1]), context, max_n)
+    out: list[tuple[int, int]] = []
+    seen: set[int] = set()
+    for depth, ends in enumerate(reversed(levels)):
+        for token, count in continuation_counts(history, ends):
+            if token not in seen:
+                seen.add(token)
+                out.append((token, count if depth == 0 else 0))
+    return out
+
+
+def until_sep(tokens: list[int]) -> list[int]:
+    """The tokens before the first SEP."""
+    return tokens[: tokens.index(SEP)] if SEP in tokens else tokens

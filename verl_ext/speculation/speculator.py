@@ -1,0 +1,90 @@
+"""The drafting side of one batched decode loop: budgets, drafts (prefetched or synchronous), bookkeeping.
+
+    spec = Speculator(SpeculationConfig(method="ngram_rl"))
+    while active:
+        requests = [DraftRequest(seq_id, key, prompt, output) for each active sequence]
+        drafts = spec.propose(requests, limits=[max_new_tokens - len(output) - 1, ...])
+        draft_tokens, num_draft = pad_drafts(drafts)                       # [B, K], [B]
+        logits = forward([last token, *draft] per row)                     # [B, K+1, V]
+        result = verify(logits, draft_tokens, num_draft, params, generator)
+        spec.record(requests, drafts, result.num_accepted.tolist())
+        append result.token_lists(); crop the KV cache to the kept positions
+        for each finished sequence: spec.observe(key, prompt, response); spec.release([seq_id])
+    metrics = spec.take_metrics()
+
+Call `observe` for finished responses before the next `propose`, so siblings finished in this step
+already feed the next drafts.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from verl_ext.speculation.adaptive import AdaptiveDraftLength
+from verl_ext.speculation.config import SpeculationConfig
+from verl_ext.speculation.drafters.base import DraftRequest, Drafter
+from verl_ext.speculation.factory import build_drafter
+from verl_ext.speculation.metrics import SpecMetrics
+from verl_ext.speculation.prefetch import DraftPrefetcher
+
+
+class Speculator:
+    def __init__(self, config: SpeculationConfig, drafter: Drafter | None = None,
+                 prefetcher: DraftPrefetcher | None = None):
+        self.config = config
+        self.drafter = drafter if drafter is not None else build_drafter(config)
+        use_prefetch = config.prefetch and config.method != "none"
+        self.prefetcher = prefetcher or (DraftPrefetcher(self.drafter, config.prefetch_candidates,
+                                                         config.num_draft_tokens) if use_prefetch else None)
+        self.lengths = AdaptiveDraftLength.from_config(config)
+        self._metrics = SpecMetrics()
+        self._prefetch_seen = (0, 0)  # prefetcher (lookups, hits) already reported
+
+    def propose(self, requests: Sequence[DraftRequest], limits: Sequence[int] | None = None) -> list[list[int]]:
+        """One draft per request; limits[i] caps row i (e.g. tokens left before max_new_tokens, minus 1)."""
+        if self.config.method == "none":
+            return [[] for _ in requests]
+        budgets = self.lengths.budgets([r.seq_id for r in requests])
+        if limits is not None:
+            budgets = [max(0, min(b, lim)) for b, lim in zip(budgets, limits)]
+        if self.prefetcher is None:
+            return self.drafter.propose(requests, budgets)
+        drafts = self.prefetcher.collect(requests, budgets)
+        self.prefetcher.submit(requests, drafts)
+        return drafts
+
+    def record(self, requests: Sequence[DraftRequest], drafts: Sequence[Sequence[int]],
+               num_accepted: Sequence[int]) -> None:
+        """After verify: feed the acceptance EMA and the counters."""
+        num_drafted = [len(d) for d in drafts]
+        self.lengths.update([r.seq_id for r in requests], num_drafted, num_accepted)
+        self._metrics.record_step(num_drafted, num_accepted)
+
+    def observe(self, prompt_key: int, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> None:
+        """A response finished (here or on another worker); later drafts may copy from it."""
+        self.drafter.observe(prompt_key, prompt_tokens, response_tokens)
+
+    def release(self, seq_ids: Sequence[int]) -> None:
+        """Forget per-sequence state of finished sequences."""
+        self.lengths.release(seq_ids)
+
+    def take_metrics(self) -> SpecMetrics:
+        """Counters since the last call, with the drafter's current cache size."""
+        metrics, self._metrics = self._metrics, SpecMetrics()
+        if self.prefetcher is not None:
+            lookups, hits = self.prefetcher.stats.lookups, self.prefetcher.stats.hits
+            metrics.prefetch_lookups = lookups - self._prefetch_seen[0]
+            metrics.prefetch_hits = hits - self._prefetch_seen[1]
+            self._prefetch_seen = (lookups, hits)
+        metrics.cache_tokens = self.drafter.stats.cache_tokens
+        return metrics
+
+    def state_dict(self) -> dict:
+        return {"drafter": self.drafter.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.drafter.load_state_dict(state["drafter"])
+
+    def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
