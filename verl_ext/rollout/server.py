@@ -21,6 +21,7 @@ from verl_ext.rollout.engine import HFGenerationEngine
 from verl_ext.rollout.model_loading import as_model_config, load_rollout_model, rollout_device, stop_token_ids
 from verl_ext.rollout.requests import GenerationRequest, GenerationResult, parse_sampling_params
 from verl_ext.rollout.speculator import build_speculator
+from verl_ext.rollout.trace import RolloutTrace
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class HFRolloutServer:
             seed=config.seed + replica_rank,
             speculator=build_speculator(config),
         )
+        self.trace = RolloutTrace.from_config(config, replica_rank)
         self._lock = threading.Lock()  # engine state and weights
         self._inbox: "queue.Queue[_Pending]" = queue.Queue()
         self._waiting: dict[int, _Pending] = {}
@@ -152,12 +154,23 @@ class HFRolloutServer:
 
     def _decode_loop(self) -> None:
         while True:
-            if not self.engine.has_work:
-                self._admit([self._inbox.get()])  # block until there is something to do
-            self._admit(self._drain_inbox())
-            with self._lock:
-                finished = self.engine.step() if self.engine.has_work else {}
-            self._deliver(finished)
+            try:
+                if not self.engine.has_work:
+                    self._admit([self._inbox.get()])  # block until there is something to do
+                self._admit(self._drain_inbox())
+                with self._lock:
+                    finished = self.engine.step() if self.engine.has_work else {}
+                self._deliver(finished)
+            except Exception as error:  # noqa: BLE001 -- every waiting caller gets it; the loop survives
+                logger.exception("HF rollout step failed; failing its requests")
+                self._fail_all(error)
+
+    def _fail_all(self, error: Exception) -> None:
+        with self._lock:
+            self.engine.abort_all()
+        waiting, self._waiting = self._waiting, {}
+        for pending in [*waiting.values(), *self._drain_inbox()]:
+            pending.loop.call_soon_threadsafe(_reject, pending.future, error)
 
     def _drain_inbox(self) -> list[_Pending]:
         items = []
@@ -177,6 +190,8 @@ class HFRolloutServer:
     def _deliver(self, finished: dict[int, GenerationResult]) -> None:
         for handle, result in finished.items():
             pending = self._waiting.pop(handle)
+            if self.trace is not None:
+                self.trace.write(self.global_steps, pending.request.prompt_ids, result.token_ids)
             pending.loop.call_soon_threadsafe(_resolve, pending.future, result)
 
     def _abort_locked(self) -> dict[int, GenerationResult]:
@@ -219,6 +234,11 @@ class HFRolloutServer:
 def _resolve(future: asyncio.Future, result: GenerationResult) -> None:
     if not future.done():
         future.set_result(result)
+
+
+def _reject(future: asyncio.Future, error: Exception) -> None:
+    if not future.done():
+        future.set_exception(error)
 
 
 def _pad_token_id(model_config) -> int:

@@ -1,0 +1,32 @@
+"""Optional record of every finished rollout (``actor_rollout_ref.rollout.custom.trace_dir``).
+
+One JSON line per response: the weights' global step, prompt token ids, response token ids. The n-gram
+benchmark replays these to score drafters offline on the exact rollouts a training run produced.
+"""
+
+import json
+import threading
+from pathlib import Path
+from typing import Optional
+
+
+class RolloutTrace:
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file = open(path, "a", buffering=1)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, rollout_config, replica_rank: int) -> Optional["RolloutTrace"]:
+        trace_dir = (rollout_config.custom or {}).get("trace_dir")
+        return cls(Path(trace_dir) / f"replica_{replica_rank}.jsonl") if trace_dir else None
+
+    def write(self, global_step: Optional[int], prompt_ids: list[int], response_ids: list[int]) -> None:
+        line = json.dumps({"step": global_step, "prompt": prompt_ids, "response": response_ids})
+        with self._lock:
+            self._file.write(line + "\n")
+
+
+def read_trace(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
