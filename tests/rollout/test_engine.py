@@ -134,3 +134,13 @@ def test_offline_replay_matches_online_greedy_counts(model):
         assert (replayed.sequence_forwards, replayed.drafted_tokens, replayed.accepted_tokens) == (
             online.sequence_forwards, online.drafted_tokens, online.accepted_tokens
         )
+
+
+def test_seeded_requests_do_not_depend_on_batch_company(model):
+    # a request with its own seed samples the same tokens alone or among others, early or late
+    alone = HFGenerationEngine(model, pad_token_id=0).generate([GenerationRequest(PROMPTS[1], 10, seed=42)])[0]
+    engine = HFGenerationEngine(model, pad_token_id=0, seed=9)
+    crowd = [GenerationRequest(p, 10) for p in PROMPTS] + [GenerationRequest(PROMPTS[1], 10, seed=42)]
+    assert engine.generate(crowd)[-1].token_ids == alone.token_ids
+    unseeded = [r.token_ids for r in engine.generate([GenerationRequest(PROMPTS[1], 10) for _ in range(4)])]
+    assert len({tuple(t) for t in unseeded}) > 1  # control: without seeds, draws differ

@@ -16,7 +16,16 @@ from transformers import DynamicCache
 
 from verl_ext.rollout.batch_state import DecodeBatch, concat_batches
 from verl_ext.rollout.requests import GenerationRequest, GenerationResult
-from verl_ext.speculation import BatchSamplingParams, DraftRequest, Speculator, pad_drafts, prompt_key, sample_next, verify
+from verl_ext.speculation import (
+    BatchSamplingParams,
+    DraftRequest,
+    Speculator,
+    VerifyResult,
+    pad_drafts,
+    prompt_key,
+    sample_next,
+    verify,
+)
 
 # Compact the cache once more than this share of its slots are holes or padding.
 _COMPACT_HOLE_FRACTION = 0.5
@@ -28,6 +37,7 @@ class RowState:
 
     request: GenerationRequest
     prompt_key: int
+    generator: Optional[torch.Generator] = None  # the request's own, when it carries a seed
     output: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     stop_checked: int = 0  # output tokens already scanned for a stop token
@@ -78,7 +88,7 @@ class HFGenerationEngine:
         """Prefill ``requests`` and join them to the running batch; returns their handles."""
         handles = [next(self._ids) for _ in requests]
         for handle, request in zip(handles, requests, strict=True):
-            self.rows[handle] = RowState(request, prompt_key(request.prompt_ids))
+            self.rows[handle] = RowState(request, prompt_key(request.prompt_ids), self._generator_for(request))
         new_batch = self._prefill(handles)
         self.batch = new_batch if self.batch is None else concat_batches(self.batch, new_batch)
         return handles
@@ -91,7 +101,7 @@ class HFGenerationEngine:
         drafts, requests = self._propose(batch.request_ids, rows)
         logits = self._forward_step(batch, drafts)  # [B, K+1, V]
         draft_tokens, num_draft = pad_drafts(drafts)
-        result = verify(logits, draft_tokens, num_draft, _sampling_params(rows, self.device), self.generator)
+        result = self._verify(logits, draft_tokens, num_draft, rows)
         if self.speculator:
             self.speculator.record(requests, drafts, result.num_accepted.tolist())
         emitted = result.token_lists()
@@ -107,12 +117,39 @@ class HFGenerationEngine:
             results.update(self.step())
         return [results[h] for h in handles]
 
+    def _generator_for(self, request: GenerationRequest) -> Optional[torch.Generator]:
+        if request.seed is None:
+            return None
+        return torch.Generator(device=self.device).manual_seed(request.seed)
+
     def _propose(self, handles: list[int], rows: list[RowState]) -> tuple[list[list[int]], list[DraftRequest]]:
         if self.speculator is None:
             return [[] for _ in rows], []
         requests = [row.draft_request(h) for h, row in zip(handles, rows, strict=True)]
         # never draft past max_new_tokens: the verifier always emits one token after the draft
         return self.speculator.propose(requests, limits=[row.remaining - 1 for row in rows]), requests
+
+    def _verify(self, logits, draft_tokens, num_draft, rows: list[RowState]) -> VerifyResult:
+        params = _sampling_params(rows, self.device)
+        if not self._seeded(rows):
+            return verify(logits, draft_tokens, num_draft, params, self.generator)
+        # one generator per request: a request's tokens do not depend on what else shares the batch
+        parts = [
+            verify(logits[i : i + 1], draft_tokens[i : i + 1], num_draft[i : i + 1], params[i : i + 1], row.generator)
+            for i, row in enumerate(rows)
+        ]
+        return VerifyResult(*(torch.cat([getattr(p, f) for p in parts]) for f in ("tokens", "logprobs", "num_accepted")))
+
+    def _sample_first(self, logits: torch.Tensor, rows: list[RowState]) -> tuple[torch.Tensor, torch.Tensor]:
+        params = _sampling_params(rows, self.device)
+        if not self._seeded(rows):
+            return sample_next(logits, params, self.generator)
+        parts = [sample_next(logits[i : i + 1], params[i : i + 1], row.generator) for i, row in enumerate(rows)]
+        return torch.cat([p.tokens for p in parts]), torch.cat([p.logprobs for p in parts])
+
+    @staticmethod
+    def _seeded(rows: list[RowState]) -> bool:
+        return any(row.generator is not None for row in rows)
 
     def abort_all(self) -> dict[int, GenerationResult]:
         aborted = {h: GenerationResult(r.output, r.log_probs, "aborted") for h, r in self.rows.items()}
@@ -148,8 +185,7 @@ class HFGenerationEngine:
         ).select_rows(member_of)
         batch.request_ids = list(handles)
         last_logits = out.logits[:, -1].index_select(0, member_of)  # [N, V]
-        params = _sampling_params([self.rows[h] for h in handles], self.device)
-        tokens, log_probs = sample_next(last_logits, params, self.generator)
+        tokens, log_probs = self._sample_first(last_logits, [self.rows[h] for h in handles])
         batch.pending_token = tokens
         for handle, token, log_prob in zip(handles, tokens.tolist(), log_probs.tolist(), strict=True):
             self.rows[handle].output.append(token)

@@ -26,6 +26,7 @@ class GenerationRequest:
     max_new_tokens: int
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     stop_token_ids: frozenset[int] = frozenset()
+    seed: Optional[int] = None  # sample from the request's own generator (reproducible whatever the batch)
 
 
 @dataclass

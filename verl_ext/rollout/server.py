@@ -7,6 +7,7 @@ same lock as the decode loop, so they never land in the middle of a step.
 """
 
 import asyncio
+import hashlib
 import logging
 import os
 import queue
@@ -76,7 +77,8 @@ class HFRolloutServer:
         if not self._accepting:
             return TokenOutput(token_ids=[], stop_reason="aborted", extra_fields=self._extra_fields())
         settings, max_new, want_log_probs = parse_sampling_params(dict(sampling_params), self._max_new(prompt_ids))
-        request = GenerationRequest(list(prompt_ids), max_new, settings, self.stop_ids)
+        seed = self._request_seed(sampling_params.get("seed"), request_id)
+        request = GenerationRequest(list(prompt_ids), max_new, settings, self.stop_ids, seed)
         loop = asyncio.get_running_loop()
         pending = _Pending(request, want_log_probs, loop.create_future(), loop)
         self._inbox.put(pending)
@@ -221,6 +223,15 @@ class HFRolloutServer:
     def _max_new(self, prompt_ids: list[int]) -> int:
         budget = self.config.prompt_length + self.config.response_length - len(prompt_ids)
         return max(1, min(self.config.response_length, budget))
+
+    def _request_seed(self, explicit: Optional[int], request_id: str) -> Optional[int]:
+        """An explicit seed wins; under ``full_determinism`` verl's request ids are stable, so derive one."""
+        if explicit is not None:
+            return int(explicit)
+        if not self.config.full_determinism:
+            return None
+        digest = hashlib.blake2b(f"{self.config.seed}:{self.global_steps}:{request_id}".encode(), digest_size=8)
+        return int.from_bytes(digest.digest(), "little") >> 1
 
     def _extra_fields(self) -> dict[str, Any]:
         return {"global_steps": self.global_steps}

@@ -1,0 +1,180 @@
+"""NgramRL on a real demo training run: every drafter scored on the same rollouts, rollout wall-clock with and
+without speculation, asynchronous vs synchronous prefetch.
+
+    python benchmarks/ngram_rollout.py [--steps 30] [--out outputs/bench_ngram] [--reuse]
+
+1. Trains the embedded default for --steps GRPO steps (ngram_rl on), recording every rollout and saving the
+   final policy as a Hugging Face model.
+2. Replays each step's rollouts through every drafter (verl_ext.speculation.offline: exact in distribution)
+   and reports accepted tokens per target forward per step (PNG) and over the final 30% of steps.
+3. In one process, generates the final steps' prompts at temperature 1.0 with the final policy: no
+   speculation, ngram_rl with synchronous drafting, ngram_rl with asynchronous prefetch.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from verl_ext.rollout.engine import HFGenerationEngine
+from verl_ext.rollout.requests import GenerationRequest, SamplingSettings
+from verl_ext.rollout.trace import read_trace
+from verl_ext.speculation import SpeculationConfig, Speculator, build_drafter
+from verl_ext.speculation.offline import replay_steps
+
+DRAFTERS = ("ngram_rl", "prompt_lookup", "suffix")
+BUDGET = 16
+FINAL_SHARE = 0.3
+
+
+def train(out: Path, steps: int) -> None:
+    command = [
+        sys.executable, "-m", "verl_ext.main", "--config-name", "demo_cpu",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.save_freq={steps}",
+        f"trainer.default_local_dir={out / 'checkpoints'}",
+        "trainer.resume_mode=disable",
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]",
+        f"+actor_rollout_ref.rollout.custom.trace_dir={out / 'trace'}",
+        f"verl_ext.report_dir={out / 'run'}",
+    ]
+    subprocess.run(command, check=True)
+
+
+def load_steps(trace_dir: Path) -> list[list[tuple[list[int], list[int]]]]:
+    by_step = defaultdict(list)
+    for path in sorted(trace_dir.glob("replica_*.jsonl")):
+        for record in read_trace(path):
+            by_step[record["step"]].append((record["prompt"], record["response"]))
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def score_drafters(steps) -> dict[str, list[float]]:
+    curves = {}
+    for method in DRAFTERS:
+        drafter = build_drafter(SpeculationConfig(method=method, num_draft_tokens=BUDGET, prefetch=False))
+        curves[method] = [m.accepted_tokens_per_forward for m in replay_steps(drafter, steps, BUDGET)]
+    return curves
+
+
+def final_mean(values: list[float]) -> float:
+    tail = values[-max(1, round(len(values) * FINAL_SHARE)) :]
+    return sum(tail) / len(tail)
+
+
+def time_rollouts(model_dir: Path, history_steps, final_steps, response_length: int) -> dict[str, tuple]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    stops = frozenset({tokenizer.eos_token_id})
+    warm = build_drafter(SpeculationConfig(method="ngram_rl", num_draft_tokens=BUDGET))
+    for rollouts in history_steps:
+        for prompt, response in rollouts:
+            warm.observe(Speculator.prompt_key(prompt) if hasattr(Speculator, "prompt_key") else _key(prompt), prompt, response)
+    variants = {
+        "none": None,
+        "ngram_rl sync": SpeculationConfig(method="ngram_rl", num_draft_tokens=BUDGET, prefetch=False),
+        "ngram_rl async": SpeculationConfig(method="ngram_rl", num_draft_tokens=BUDGET, prefetch=True),
+    }
+    results = {}
+    for name, config in variants.items():
+        speculator = None
+        if config is not None:
+            drafter = build_drafter(config)
+            drafter.load_state_dict(warm.state_dict())
+            speculator = Speculator(config, drafter=drafter)
+        engine = HFGenerationEngine(model, pad_token_id=tokenizer.pad_token_id, seed=0, speculator=speculator)
+        tokens, seconds = 0, 0.0
+        for rollouts in final_steps:
+            requests = [GenerationRequest(p, response_length, SamplingSettings(temperature=1.0), stops) for p, _ in rollouts]
+            start = time.perf_counter()
+            outputs = engine.generate(requests)
+            seconds += time.perf_counter() - start
+            tokens += sum(len(o.token_ids) for o in outputs)
+        metrics = speculator.take_metrics() if speculator else None
+        if speculator:
+            speculator.close()
+        results[name] = (tokens / seconds, metrics)
+    return results
+
+
+def _key(prompt):
+    from verl_ext.speculation import prompt_key
+
+    return prompt_key(prompt)
+
+
+def plot(curves: dict[str, list[float]], online: list[float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for method, values in curves.items():
+        ax.plot(range(1, len(values) + 1), values, marker=".", label=f"{method} (offline)")
+    if online:
+        ax.plot(range(1, len(online) + 1), online, linestyle="--", label="ngram_rl (online, adaptive)")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("accepted tokens per target forward")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def online_metrics(run_dir: Path) -> tuple[list[float], list[float]]:
+    rows = [json.loads(line)["data"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "rollout/spec/accepted_tokens_per_forward" in r]
+    return (
+        [r["rollout/spec/accepted_tokens_per_forward"] for r in rows],
+        [r["rollout/spec/prefetch_coverage"] for r in rows],
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=Path("outputs/bench_ngram"))
+    parser.add_argument("--reuse", action="store_true", help="reuse the training run already in --out")
+    args = parser.parse_args()
+    out = args.out.resolve()
+    if not args.reuse:
+        train(out, args.steps)
+
+    steps = load_steps(out / "trace")
+    curves = score_drafters(steps)
+    online, coverage = online_metrics(out / "run")
+    plot(curves, online, out / "accepted_per_forward.png")
+
+    print(f"\nAccepted tokens per target forward, final {FINAL_SHARE:.0%} of {len(steps)} steps (budget {BUDGET}):")
+    for method, values in curves.items():
+        print(f"  {method:<14} offline {final_mean(values):6.2f}")
+    if online:
+        print(f"  {'ngram_rl':<14} online  {final_mean(online):6.2f}   prefetch coverage {final_mean(coverage):.1%}")
+    best_other = max(final_mean(curves[m]) for m in DRAFTERS if m != "ngram_rl")
+    print(f"  ngram_rl / best other drafter: {final_mean(curves['ngram_rl']) / best_other:.2f}x")
+
+    cut = len(steps) - max(1, round(len(steps) * FINAL_SHARE))
+    model_dir = out / "checkpoints" / f"global_step_{len(steps)}" / "actor" / "huggingface"
+    timings = time_rollouts(model_dir, steps[:cut], steps[cut:], response_length=64)
+    base = timings["none"][0]
+    print(f"\nRollout wall-clock, final {len(steps) - cut} steps' prompts, temperature 1.0, one process:")
+    for name, (tokens_per_s, metrics) in timings.items():
+        extra = ""
+        if metrics is not None:
+            extra = f"  accepted/forward {metrics.accepted_tokens_per_forward:.2f}"
+            if metrics.prefetch_lookups:
+                extra += f"  prefetch coverage {metrics.prefetch_coverage:.1%}"
+        print(f"  {name:<15} {tokens_per_s:8.0f} tokens/s  {tokens_per_s / base:5.2f}x{extra}")
+    print(f"\nplot: {out / 'accepted_per_forward.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Plug grouped attention into transformers' attention registry. Targets transformers 5.10.
+
+What this touches, and why models that do not opt in are unaffected:
+- `AttentionInterface.register("verl_ext_grouped", ...)` adds one name to the global registry
+  (done lazily, by `grouped_attention_mode`). A model uses it only while its config's
+  `_attn_implementation` is that name; `grouped_attention_mode(model)` sets it through the public
+  `set_attn_implementation` and restores the previous one on exit.
+- No mask function is registered, on purpose: `masking_utils._preprocess_mask_arguments` returns a
+  `None` mask early for any implementation missing from `ALL_MASK_ATTENTION_FUNCTIONS`, so
+  `create_causal_mask` builds no [S, S] mask and does not reinterpret our restarting position ids
+  as packed sequences. The attention function rejects any mask it is handed.
+- The segment metadata reaches every layer through the model forward's `**kwargs`, which
+  transformers forwards untouched: `XForCausalLM.forward -> XModel.forward -> XDecoderLayer ->
+  XAttention -> attention_interface(module, q, k, v, mask, ..., **kwargs)` (Qwen2, Qwen3 and Llama
+  in 5.10.4). Without it the function raises rather than compute some other attention.
+"""
+
+import functools
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Literal
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+
+from verl_ext.attention.grouped_flash import flash_unusable_reason, grouped_flash_attention
+from verl_ext.attention.grouped_sdpa import grouped_sdpa_attention
+from verl_ext.attention.layout import GroupedAttentionMeta
+
+logger = logging.getLogger(__name__)
+
+ATTN_IMPLEMENTATION = "verl_ext_grouped"
+META_KWARG = "grouped_attention_meta"  # model(..., grouped_attention_meta=GroupedAttentionMeta)
+
+Backend = Literal["auto", "flash", "sdpa"]
+
+
+def grouped_attention(
+    query: torch.Tensor,  # [B, H, S, D]
+    key: torch.Tensor,  # [B, Hkv, S, D]
+    value: torch.Tensor,  # [B, Hkv, S, D]
+    meta: GroupedAttentionMeta,
+    scale: float,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """[B, S, H, D]. "auto" takes flash-attn when it can run these tensors, else pure PyTorch."""
+    reason = flash_unusable_reason(query) if backend != "sdpa" else "sdpa requested"
+    if backend == "flash" and reason is not None:
+        raise RuntimeError(f"grouped flash attention requested but unusable: {reason}")
+    if reason is None:
+        return grouped_flash_attention(query, key, value, meta, scale)
+    if query.is_cuda and backend == "auto":
+        _log_fallback_once(reason)
+    return grouped_sdpa_attention(query, key, value, meta, scale)
+
+
+@functools.cache
+def _log_fallback_once(reason: str) -> None:
+    logger.warning("grouped attention on CUDA uses the pure-PyTorch path: %s", reason)
+
+
+def grouped_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [B, H, S, D]
+    key: torch.Tensor,  # [B, Hkv, S, D]
+    value: torch.Tensor,  # [B, Hkv, S, D]
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention function: ([B, S, H, D], None)."""
+    meta = kwargs.get(META_KWARG)
+    if not isinstance(meta, GroupedAttentionMeta):
+        raise ValueError(
+            f"attn_implementation={ATTN_IMPLEMENTATION!r} needs the grouped layout: call the model with "
+            f"{META_KWARG}=<GroupedAttentionMeta> (see verl_ext.attention.forward), got {type(meta).__name__}"
+        )
+    if attention_mask is not None:
+        raise ValueError("grouped attention takes its mask from the layout metadata; got an attention_mask")
+    if dropout:
+        raise NotImplementedError("grouped attention does not implement attention dropout")
+    if kwargs.get("sliding_window"):
+        raise NotImplementedError("grouped attention does not implement sliding-window layers")
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return grouped_attention(query, key, value, meta, scale), None
+
+
+def register() -> None:
+    """Make `ATTN_IMPLEMENTATION` a valid attn_implementation name (idempotent)."""
+    AttentionInterface.register(ATTN_IMPLEMENTATION, grouped_attention_forward)
+
+
+@contextmanager
+def grouped_attention_mode(model: PreTrainedModel) -> Iterator[PreTrainedModel]:
+    """Within the block, `model` attends with the grouped kernel; the previous implementation is restored after."""
+    register()
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    try:
+        if model.config._attn_implementation != ATTN_IMPLEMENTATION:
+            raise RuntimeError(
+                f"{type(model).__name__} did not switch to {ATTN_IMPLEMENTATION!r}: it does not dispatch "
+                "attention through transformers' AttentionInterface"
+            )
+        yield model
+    finally:
+        model.set_attn_implementation(previous)
