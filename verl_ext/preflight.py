@@ -43,11 +43,27 @@ def check(config: DictConfig) -> None:
         _check_files("reward.custom_reward_function.path", reward_path)
 
 
+# Keys verl_ext reads under actor_rollout_ref.rollout.custom.
+_ROLLOUT_CUSTOM_KEYS = {"speculation", "trace_dir"}
+# Rollout keys that shape sampling; exact verification covers only temperature, top_k and top_p.
+_SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "logit_bias", "repetition_penalty", "presence_penalty",
+                  "frequency_penalty", "logits_processors")
+
+
 def _check_speculation(rollout) -> None:
     from verl_ext.rollout.speculator import build_speculation_config
+    from verl_ext.speculation import check_sampling_supported
 
+    unknown = set(rollout.get("custom") or {}) - _ROLLOUT_CUSTOM_KEYS
+    if unknown:
+        raise ConfigError(
+            f"unknown keys {sorted(unknown)} under actor_rollout_ref.rollout.custom; "
+            f"verl_ext reads {sorted(_ROLLOUT_CUSTOM_KEYS)}."
+        )
     try:
         enabled = build_speculation_config(rollout) is not None
+        if enabled:
+            check_sampling_supported({k: rollout.get(k) for k in _SAMPLING_KEYS if rollout.get(k) is not None})
     except ValueError as error:
         raise ConfigError(f"actor_rollout_ref.rollout.custom.speculation: {error}") from None
     if enabled and rollout.name != "hf":

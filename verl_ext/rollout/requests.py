@@ -3,10 +3,12 @@
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-# Sampling options verl's agent loop sends that we honour; anything else is rejected, never ignored.
+from verl_ext.speculation import check_sampling_supported
+
+# Sampling options the HF engine honours; penalties and min_p pass only at their neutral values
+# (check_sampling_supported), anything else is rejected, never ignored.
 _HONOURED = {"temperature", "top_k", "top_p", "logprobs", "max_tokens", "max_new_tokens", "seed"}
-# Options that are accepted only at their neutral value.
-_NEUTRAL = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0}
+_NEUTRAL_ONLY = {"repetition_penalty", "presence_penalty", "frequency_penalty", "min_p"}
 
 
 @dataclass(frozen=True)
@@ -41,17 +43,13 @@ def parse_sampling_params(params: dict[str, Any], default_max_tokens: int) -> tu
 
     Raises ValueError for options the HF engine would otherwise silently ignore.
     """
-    unknown = [k for k in params if k not in _HONOURED and k not in _NEUTRAL]
+    unknown = [k for k in params if k not in _HONOURED and k not in _NEUTRAL_ONLY]
     if unknown:
         raise ValueError(f"HF rollout does not support sampling options {sorted(unknown)}; remove them.")
-    for key, neutral in _NEUTRAL.items():
-        if key in params and params[key] is not None and float(params[key]) != neutral:
-            raise ValueError(f"HF rollout does not support {key}={params[key]}; only {neutral} is supported.")
+    check_sampling_supported(params)
     temperature = float(params.get("temperature", 1.0))
     top_k = int(params.get("top_k", -1) or -1)
     top_p = float(params.get("top_p", 1.0))
-    if temperature < 0 or not 0 < top_p <= 1:
-        raise ValueError(f"invalid sampling: temperature={temperature} (need >= 0), top_p={top_p} (need (0, 1]).")
     max_tokens: Optional[int] = params.get("max_tokens", params.get("max_new_tokens"))
     max_new = int(max_tokens) if max_tokens is not None else default_max_tokens
     return SamplingSettings(temperature, top_k, top_p), max(1, min(max_new, default_max_tokens)), bool(
