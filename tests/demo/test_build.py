@@ -1,0 +1,166 @@
+"""The cached demo build (tiny `test` profile): layout, reuse, verl's dataset, clear errors."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from omegaconf import OmegaConf
+from transformers import AutoTokenizer
+from verl.utils.dataset.rl_dataset import RLHFDataset
+
+from verl_ext.demo import build, reward, task
+from verl_ext.demo.build import DemoAssetsError, ensure_demo_assets
+
+
+def test_assets_point_at_built_files(test_assets):
+    for path in (test_assets.model_path, test_assets.train_files, test_assets.val_files):
+        assert path.exists()
+    assert test_assets.tokenizer_path == test_assets.model_path
+    assert test_assets.reward_path == type(test_assets.reward_path)(reward.__file__).resolve()
+    assert test_assets.reward_name == "compute_score"
+    assert 0.0 <= test_assets.report["start_reward"] <= 1.0
+    assert test_assets.report["profile"] == "test"
+
+
+def test_second_call_reuses_the_cache(test_assets, monkeypatch):
+    data_dir = test_assets.model_path.parent.parent
+    monkeypatch.setattr(build, "_build_into", lambda *a: pytest.fail("rebuilt a cached build"))
+    start = time.monotonic()
+    again = ensure_demo_assets(data_dir, profile="test")
+    assert time.monotonic() - start < 1.0
+    assert again == test_assets
+
+
+def test_verl_rlhf_dataset_loads_the_parquet(test_assets, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(test_assets.tokenizer_path)
+    config = OmegaConf.create(
+        {"max_prompt_length": 350, "filter_overlong_prompts_workers": 1, "cache_dir": str(tmp_path / "cache")}
+    )
+    dataset = RLHFDataset(str(test_assets.train_files), tokenizer, config)
+    assert len(dataset) == build.PROFILES["test"].train_prompts  # none filtered as too long
+    row = dataset[0]
+    assert row["data_source"] == task.DATA_SOURCE
+    assert row["raw_prompt"][0] == {"role": "system", "content": task.HEADER}
+    assert row["raw_prompt"][1]["role"] == "user"
+    assert row["reward_model"]["style"] == "rule"
+    assert json.loads(row["reward_model"]["ground_truth"])  # a canonical JSON object
+    assert row["extra_info"] == {"index": 0, "split": "train"}
+    assert row["index"] == 0
+
+
+def test_fresh_process_loads_model_and_tokenizer(test_assets, tmp_path):
+    """What verl's workers do: load the folder in a new process; ids and template must match."""
+    probe = 'Record:\n- name: alice\n{"name": "alice", "age": 31}\n\n'
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        path = sys.argv[1]
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path)
+        messages = [{{"role": "user", "content": "hi"}}]
+        print(json.dumps({{
+            "class": type(tok).__name__,
+            "ids": tok({probe!r}, add_special_tokens=False)["input_ids"],
+            "chat": tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+            "model_type": model.config.model_type,
+            "vocab_size": model.config.vocab_size,
+            "len_tokenizer": len(tok),
+            "max_positions": model.config.max_position_embeddings,
+            "dtype": str(model.dtype),
+            "eos": model.generation_config.eos_token_id == tok.eos_token_id,
+        }}))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(test_assets.model_path)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    local = AutoTokenizer.from_pretrained(test_assets.tokenizer_path)
+    assert loaded["ids"] == local(probe, add_special_tokens=False)["input_ids"]
+    assert loaded["chat"] == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert loaded["model_type"] == "qwen2"
+    assert loaded["vocab_size"] == loaded["len_tokenizer"]
+    assert loaded["max_positions"] >= 1024
+    assert loaded["dtype"] == "torch.float32"
+    assert loaded["eos"]
+
+
+@pytest.fixture
+def cache_copy(test_assets, tmp_path):
+    """A private copy of the built cache that a test may damage."""
+    folder = test_assets.model_path.parent
+    shutil.copytree(folder, tmp_path / folder.name)
+    return tmp_path, tmp_path / folder.name
+
+
+@pytest.mark.parametrize(
+    "damage, cause",
+    [
+        (lambda f: (f / build.MARKER_NAME).unlink(), "incomplete"),
+        (lambda f: (f / build.MARKER_NAME).write_text("{not json"), "unreadable"),
+        (lambda f: (f / build.MARKER_NAME).write_text("[1, 2]"), "unreadable"),
+        (lambda f: (f / "model" / "model.safetensors").unlink(), "missing model/model.safetensors"),
+        (lambda f: (f / build.REPORT_NAME).write_text("{"), "unreadable build.json"),
+    ],
+)
+def test_damaged_cache_gives_cause_and_fix(cache_copy, damage, cause):
+    data_dir, folder = cache_copy
+    damage(folder)
+    with pytest.raises(DemoAssetsError) as error:
+        ensure_demo_assets(data_dir, profile="test")
+    message = str(error.value)
+    assert cause in message and "--rebuild" in message
+    assert "\n" not in message
+
+
+def test_stale_cache_is_rebuilt(cache_copy):
+    data_dir, folder = cache_copy
+    (folder / build.MARKER_NAME).write_text('{"version": 0}')  # as if built by an older verl_ext
+    assets = ensure_demo_assets(data_dir, profile="test")
+    assert json.loads((folder / build.MARKER_NAME).read_text())["version"] == build.BUILD_VERSION
+    assert assets.train_files.exists()
+
+
+def test_rebuild_repairs_a_damaged_cache_and_leaves_no_scratch(cache_copy):
+    data_dir, folder = cache_copy
+    (folder / build.MARKER_NAME).unlink()
+    assets = ensure_demo_assets(data_dir, profile="test", rebuild=True)
+    assert assets.train_files.exists()
+    assert ensure_demo_assets(data_dir, profile="test") == assets
+    assert sorted(os.listdir(data_dir)) == [folder.name]
+
+
+def test_unwritable_data_dir_gives_cause_and_fix(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(DemoAssetsError, match="writable --data-dir"):
+        ensure_demo_assets(blocker / "data", profile="test")
+
+
+def test_unknown_profile_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="unknown profile"):
+        ensure_demo_assets(tmp_path, profile="huge")
+
+
+def test_cli_prints_the_paths(test_assets, capsys):
+    data_dir = test_assets.model_path.parent.parent
+    assert build.main(["--data-dir", str(data_dir), "--profile", "test"]) == 0
+    lines = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
+    assert lines["model_path"] == str(test_assets.model_path)
+    assert lines["train_files"] == str(test_assets.train_files)
+    assert lines["reward_name"] == "compute_score"
+
+
+def test_cli_reports_errors_in_one_line(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert build.main(["--data-dir", str(blocker), "--profile", "test"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err

@@ -1,0 +1,89 @@
+"""The warm start: the shared-prefix loss equals a plain forward's; sampling is seeded."""
+
+import pytest
+import torch
+
+from verl_ext.demo import task
+from verl_ext.demo.model import ModelShape, build_config, build_model
+from verl_ext.demo.warmstart import (
+    IGNORE_INDEX,
+    SFTConfig,
+    _answer_loss,
+    _shared_prefix_length,
+    _until_eos,
+    collate,
+    sample_answers,
+)
+
+SMALL = ModelShape(hidden_size=64, num_hidden_layers=2, intermediate_size=128)
+
+
+@pytest.fixture(scope="module")
+def small_model(full_tokenizer):
+    return build_model(build_config(full_tokenizer, SMALL), seed=0)
+
+
+def _plain_answer_loss(model, batch):
+    input_ids, attention_mask, labels = batch
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # [batch, len, vocab]
+    targets = labels[:, 1:].flatten()
+    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), targets, ignore_index=IGNORE_INDEX)
+
+
+def test_shared_prefix_length_on_hand_cases():
+    x = IGNORE_INDEX
+    # Rows agree on 3 tokens; the first trained label is at position 4, so the prefix may cover 3.
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6], [1, 2, 3, 9, 5, 6]])
+    labels = torch.tensor([[x, x, x, x, 5, 6], [x, x, x, x, 5, 6]])
+    assert _shared_prefix_length(ids, labels) == 3
+    # Identical rows: the prefix stops before the position that predicts the first label.
+    assert _shared_prefix_length(ids[:1].repeat(2, 1), labels) == 3
+    # Labels start early: the prefix is cut there even though rows still agree.
+    early = torch.tensor([[x, 2, 3, 4, 5, 6], [x, 2, 3, 9, 5, 6]])
+    assert _shared_prefix_length(ids, early) == 0
+
+
+def test_shared_prefix_loss_and_gradients_match_a_plain_forward(full_tokenizer, small_model):
+    batch = collate(full_tokenizer, task.make_examples(6, seed=11))
+    params = list(small_model.parameters())
+    fast = _answer_loss(small_model, batch)
+    fast_grads = torch.autograd.grad(fast, params)
+    plain = _plain_answer_loss(small_model, batch)
+    plain_grads = torch.autograd.grad(plain, params)
+    assert fast.item() == pytest.approx(plain.item(), rel=1e-5)
+    for got, want in zip(fast_grads, plain_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_collate_trains_only_answer_tokens_and_eos(full_tokenizer):
+    example = task.make_examples(1, seed=3)[0]
+    input_ids, attention_mask, labels = collate(full_tokenizer, [example])
+    trained = labels[labels != IGNORE_INDEX].tolist()
+    assert full_tokenizer.decode(trained) == example.answer + full_tokenizer.eos_token
+    assert attention_mask.all()
+
+
+def test_sampling_is_seeded(full_tokenizer, small_model):
+    examples = task.make_examples(3, seed=5)
+    first = sample_answers(small_model, full_tokenizer, examples, max_new_tokens=8, seed=3)
+    assert first == sample_answers(small_model, full_tokenizer, examples, max_new_tokens=8, seed=3)
+    assert all(len(ids) <= 8 for ids in first)
+
+
+def test_until_eos_cuts_at_eos_and_drops_padding():
+    assert _until_eos([5, 6, 2, 7, 0], eos_id=2, pad_id=0) == [5, 6]  # stops at the first eos
+    assert _until_eos([5, 0, 6], eos_id=2, pad_id=0) == [5, 6]  # no eos: padding removed
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"record_only_steps": 0, "full_prompt_steps": 0},
+        {"record_only_steps": -1},
+        {"batch_size": 0},
+        {"record_only_steps": 1, "full_prompt_steps": 1, "warmup_steps": 5},
+    ],
+)
+def test_sft_config_rejects_bad_values(kwargs):
+    with pytest.raises(ValueError):
+        SFTConfig(**kwargs)

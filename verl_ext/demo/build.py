@@ -1,0 +1,314 @@
+"""Build the embedded demo once (tokenizer, policy, warm start, parquet) and cache it.
+
+    python -m verl_ext.demo.build --data-dir data/demo [--rebuild] [--profile full|test]
+
+Layout under `data_dir` (one folder per build version and profile):
+
+    demo-v{BUILD_VERSION}-{profile}/
+        model/           Qwen2 policy + tokenizer (save_pretrained; also the tokenizer path)
+        train.parquet    RL prompts in verl's RLHFDataset format
+        val.parquet
+        build.json       what was built and measured (start reward, token lengths, times)
+        COMPLETE         the stamp (version, profile, settings hash), written last
+
+A build goes into a temporary sibling folder that is renamed into place when complete,
+so an interrupted build never leaves a folder that looks finished. A cache whose stamp
+differs (built by other code or settings) is rebuilt; a damaged one (no or unreadable
+stamp, missing files) raises `DemoAssetsError` naming the cause and the fix (--rebuild).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import shutil
+import statistics
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from verl_ext.demo import reward, task
+from verl_ext.demo.model import ModelShape, build_config, build_model
+from verl_ext.demo.tokenizer import save_tokenizer, train_tokenizer
+from verl_ext.demo.warmstart import SFTConfig, answer_ids, mean_sampled_reward, prompt_ids, supervised_warm_start
+
+logger = logging.getLogger(__name__)
+
+BUILD_VERSION = 1  # bump when a change to the task, tokenizer, model or warm start changes what is built
+MARKER_NAME = "COMPLETE"
+REPORT_NAME = "build.json"
+REQUIRED_FILES = (
+    "model/config.json",
+    "model/model.safetensors",
+    "model/tokenizer.json",
+    "train.parquet",
+    "val.parquet",
+    REPORT_NAME,
+)
+
+ProfileName = Literal["full", "test"]
+
+
+@dataclass(frozen=True)
+class BuildProfile:
+    """Sizes of one build; `test` is tiny so unit tests can build in seconds."""
+
+    train_prompts: int  # distinct RL prompts: few, so RL revisits each one (n-gram drafts need that)
+    val_prompts: int
+    sft_examples: int  # warm-start pool, disjoint from the RL prompts
+    vocab_size: int
+    shape: ModelShape
+    sft: SFTConfig
+    eval_samples: int  # answers sampled at temperature 1 to measure the start reward
+    seed: int = 0
+
+
+PROFILES: dict[str, BuildProfile] = {
+    "full": BuildProfile(
+        train_prompts=64,
+        val_prompts=32,
+        sft_examples=4000,
+        vocab_size=768,
+        shape=ModelShape(hidden_size=128, num_hidden_layers=2, intermediate_size=384),
+        sft=SFTConfig(record_only_steps=800, full_prompt_steps=150, batch_size=32),
+        eval_samples=64,
+    ),
+    "test": BuildProfile(
+        train_prompts=16,
+        val_prompts=8,
+        sft_examples=200,
+        vocab_size=768,
+        shape=ModelShape(hidden_size=64, num_hidden_layers=2, intermediate_size=128),
+        sft=SFTConfig(record_only_steps=4, full_prompt_steps=2, batch_size=4, warmup_steps=2),
+        eval_samples=4,
+    ),
+}
+
+
+class DemoAssetsError(RuntimeError):
+    """A demo build that cannot be used or made; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class DemoAssets:
+    model_path: Path  # Hugging Face folder: config, weights, tokenizer
+    tokenizer_path: Path  # the same folder
+    train_files: Path  # parquet, RLHFDataset format
+    val_files: Path
+    reward_path: Path  # for reward.custom_reward_function.path
+    reward_name: str  # for reward.custom_reward_function.name
+    report: dict[str, Any] = field(default_factory=dict, compare=False)  # contents of build.json
+
+
+def ensure_demo_assets(
+    data_dir: str | Path, *, rebuild: bool = False, profile: ProfileName = "full"
+) -> DemoAssets:
+    """The demo assets under `data_dir`, built first if absent, stale (built by other
+    code or settings) or if `rebuild`. A damaged cache raises `DemoAssetsError`."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES)}")
+    root = Path(data_dir).expanduser().resolve()
+    final = root / f"demo-v{BUILD_VERSION}-{profile}"
+    if final.exists() and not rebuild:
+        if _read_stamp(final) == _stamp(profile):
+            return _load_built(final)
+        logger.warning("demo cache %s was built by other code or settings; rebuilding", final)
+    _build_atomically(root, final, profile)
+    return _load_built(final)
+
+
+def _stamp(profile: ProfileName) -> dict[str, Any]:
+    settings = json.dumps(asdict(PROFILES[profile]), sort_keys=True, default=str)
+    return {
+        "version": BUILD_VERSION,
+        "profile": profile,
+        "settings_sha256": hashlib.sha256(settings.encode()).hexdigest(),
+    }
+
+
+def _fix(folder: Path) -> str:
+    return f"rerun with --rebuild (or ensure_demo_assets(..., rebuild=True)), or delete {folder}"
+
+
+def _read_stamp(folder: Path) -> dict[str, Any]:
+    try:
+        stamp = json.loads((folder / MARKER_NAME).read_text())
+    except FileNotFoundError:
+        raise DemoAssetsError(f"demo cache {folder} is incomplete (no {MARKER_NAME} marker); {_fix(folder)}") from None
+    except (OSError, ValueError) as error:
+        raise DemoAssetsError(
+            f"demo cache {folder} has an unreadable {MARKER_NAME} marker ({error}); {_fix(folder)}"
+        ) from None
+    if not isinstance(stamp, dict):
+        raise DemoAssetsError(f"demo cache {folder} has an unreadable {MARKER_NAME} marker; {_fix(folder)}")
+    return stamp
+
+
+def _load_built(folder: Path) -> DemoAssets:
+    missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
+    if missing:
+        raise DemoAssetsError(f"demo cache {folder} is corrupt (missing {', '.join(missing)}); {_fix(folder)}")
+    try:
+        report = json.loads((folder / REPORT_NAME).read_text())
+    except (OSError, ValueError) as error:
+        raise DemoAssetsError(
+            f"demo cache {folder} has an unreadable {REPORT_NAME} ({error}); {_fix(folder)}"
+        ) from None
+    return DemoAssets(
+        model_path=folder / "model",
+        tokenizer_path=folder / "model",
+        train_files=folder / "train.parquet",
+        val_files=folder / "val.parquet",
+        reward_path=Path(reward.__file__).resolve(),
+        reward_name=reward.compute_score.__name__,
+        report=report,
+    )
+
+
+def _build_atomically(root: Path, final: Path, profile: ProfileName) -> None:
+    """Build into a temporary sibling, then swap it in; the old build stays valid until then."""
+    scratch = _make_scratch_dir(root, final.name)
+    try:
+        _build_into(scratch, profile)
+        (scratch / MARKER_NAME).write_text(json.dumps(_stamp(profile)))
+        _swap_into_place(scratch, final)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _make_scratch_dir(root: Path, name: str) -> Path:
+    scratch = root / f".{name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        scratch.mkdir()
+    except OSError as error:
+        raise DemoAssetsError(
+            f"cannot write demo assets under {root} ({error.strerror or error}); pass a writable --data-dir"
+        ) from None
+    return scratch
+
+
+def _swap_into_place(scratch: Path, final: Path) -> None:
+    retired = final.with_name(f".{final.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    if final.exists():
+        final.rename(retired)
+    try:
+        scratch.rename(final)
+    except OSError:
+        # Another process put a build in place between our two renames; theirs is as good.
+        if not (final / MARKER_NAME).is_file():
+            raise
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class TaskSplits:
+    sft_pool: list[task.Example]  # warm start only
+    train: list[task.Example]  # RL prompts
+    val: list[task.Example]
+
+    @property
+    def all(self) -> list[task.Example]:
+        return self.sft_pool + self.train + self.val
+
+
+def make_splits(profile: BuildProfile) -> TaskSplits:
+    """Disjoint warm-start, RL-train and validation examples, fixed by the profile's seed."""
+    sft_pool = task.make_examples(profile.sft_examples, seed=profile.seed + 1)
+    train = task.make_examples(profile.train_prompts, seed=profile.seed + 2, exclude=frozenset(sft_pool))
+    val = task.make_examples(profile.val_prompts, seed=profile.seed + 3, exclude=frozenset(sft_pool + train))
+    return TaskSplits(sft_pool, train, val)
+
+
+def make_tokenizer(profile: BuildProfile, splits: TaskSplits) -> PreTrainedTokenizerFast:
+    return train_tokenizer(task.tokenizer_corpus(splits.all), profile.vocab_size)
+
+
+def _build_into(folder: Path, profile_name: ProfileName) -> None:
+    profile = PROFILES[profile_name]
+    start = time.monotonic()
+    splits = make_splits(profile)
+    sft_pool, train, val = splits.sft_pool, splits.train, splits.val
+    tokenizer = make_tokenizer(profile, splits)
+    model = build_model(build_config(tokenizer, profile.shape), seed=profile.seed)
+    logger.info("warm start: %d steps on %d examples", profile.sft.steps, len(sft_pool))
+    sft_start = time.monotonic()
+    losses = supervised_warm_start(model, tokenizer, sft_pool, profile.sft)
+    sft_seconds = time.monotonic() - sft_start
+
+    eval_prompts = (train * (profile.eval_samples // len(train) + 1))[: profile.eval_samples]
+    start_reward, sampled_lengths = mean_sampled_reward(model, tokenizer, eval_prompts, seed=profile.seed)
+    logger.info("start reward at temperature 1: %.3f over %d samples", start_reward, len(eval_prompts))
+
+    model_dir = folder / "model"
+    model.save_pretrained(model_dir)
+    save_tokenizer(tokenizer, model_dir)
+    _write_parquet(folder / "train.parquet", train, "train")
+    _write_parquet(folder / "val.parquet", val, "val")
+    report = {
+        **_stamp(profile_name),
+        "vocab_size": len(tokenizer),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "train_prompts": len(train),
+        "val_prompts": len(val),
+        "prompt_tokens": _summary([len(prompt_ids(tokenizer, ex)) for ex in train + val]),
+        "answer_tokens_with_eos": _summary([len(answer_ids(tokenizer, ex)) for ex in train + val]),
+        "sampled_answer_tokens_without_eos": _summary(sampled_lengths),
+        "start_reward": start_reward,
+        "start_reward_samples": len(eval_prompts),
+        "sft_final_loss": statistics.fmean(losses[-10:]),
+        "sft_seconds": round(sft_seconds, 1),
+        "build_seconds": round(time.monotonic() - start, 1),
+        "torch_threads": torch.get_num_threads(),
+    }
+    (folder / REPORT_NAME).write_text(json.dumps(report, indent=2))
+
+
+def _summary(values: list[int]) -> dict[str, float]:
+    return {"min": min(values), "mean": round(statistics.fmean(values), 1), "max": max(values)}
+
+
+def _write_parquet(path: Path, examples: list[task.Example], split: str) -> None:
+    rows = [
+        {
+            "data_source": task.DATA_SOURCE,
+            "prompt": example.messages,
+            "ability": task.ABILITY,
+            "reward_model": {"style": "rule", "ground_truth": example.answer},
+            "extra_info": {"index": index, "split": split},
+        }
+        for index, example in enumerate(examples)
+    ]
+    pd.DataFrame(rows).to_parquet(path, index=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m verl_ext.demo.build", description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", required=True, type=Path, help="folder that holds the cached build")
+    parser.add_argument("--rebuild", action="store_true", help="build again even if a build is cached")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="full")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        assets = ensure_demo_assets(args.data_dir, rebuild=args.rebuild, profile=args.profile)
+    except DemoAssetsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    for name in ("model_path", "tokenizer_path", "train_files", "val_files", "reward_path", "reward_name"):
+        print(f"{name}={getattr(assets, name)}")
+    print(f"start_reward={assets.report['start_reward']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

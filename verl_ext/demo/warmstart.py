@@ -1,0 +1,207 @@
+"""Supervised warm start: a short plain-PyTorch phase on (prompt -> answer) pairs.
+
+A random policy never writes a JSON object, so GRPO would see zero reward everywhere.
+Teacher forcing with the loss on answer tokens only gives a policy that is partly right
+when sampled at temperature 1 (reward roughly 0.2-0.6): enough signal for GRPO to learn
+from, far from saturated.
+
+Two phases, because learning to copy fields is slow with the header's worked examples
+in view (measured: 750 steps on full prompts reached reward 0.12; 600 + 150 steps of this curriculum 0.41):
+  1. record only (no shared header): the policy learns to copy fields from the record;
+  2. full prompts, as verl will render them, so it learns to look past the header.
+In phase 2 the header, identical in every row, is computed once per batch (see `_answer_loss`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from verl_ext.demo.reward import compute_score
+from verl_ext.demo.task import DATA_SOURCE, Example
+
+logger = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    record_only_steps: int = 800  # phase 1: prompts without the shared header
+    full_prompt_steps: int = 150  # phase 2: prompts as verl renders them
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.record_only_steps < 0 or self.full_prompt_steps < 0 or self.steps < 1:
+            raise ValueError("need record_only_steps >= 0, full_prompt_steps >= 0 and at least one step in all")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
+        if not 0 <= self.warmup_steps <= self.steps:
+            raise ValueError(f"warmup_steps must be in [0, steps={self.steps}], got {self.warmup_steps}")
+
+    @property
+    def steps(self) -> int:
+        return self.record_only_steps + self.full_prompt_steps
+
+
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, example: Example, *, with_header: bool = True) -> list[int]:
+    """Token ids of the chat prompt, rendered exactly as verl's agent loop renders it."""
+    messages = example.messages if with_header else example.record_only_messages
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def answer_ids(tokenizer: PreTrainedTokenizerBase, example: Example) -> list[int]:
+    """Token ids of the answer followed by eos, which the policy must learn to emit."""
+    return tokenizer(example.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+def collate(
+    tokenizer: PreTrainedTokenizerBase, examples: list[Example], *, with_header: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded `input_ids`, `attention_mask`, `labels` (answer tokens only), each [batch, max_len]."""
+    rows = [(prompt_ids(tokenizer, ex, with_header=with_header), answer_ids(tokenizer, ex)) for ex in examples]
+    max_len = max(len(p) + len(a) for p, a in rows)
+    input_ids = torch.full((len(rows), max_len), tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), max_len), dtype=torch.long)
+    labels = torch.full((len(rows), max_len), IGNORE_INDEX, dtype=torch.long)
+    for i, (prompt, answer) in enumerate(rows):
+        n = len(prompt) + len(answer)
+        input_ids[i, :n] = torch.tensor(prompt + answer)
+        attention_mask[i, :n] = 1
+        labels[i, len(prompt) : n] = torch.tensor(answer)
+    return input_ids, attention_mask, labels
+
+
+def _lr_at(step: int, config: SFTConfig) -> float:
+    """Linear warm-up, then cosine decay to 10% of the peak."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _shared_prefix_length(input_ids: torch.Tensor, labels: torch.Tensor) -> int:
+    """Tokens every row starts with, stopping before the first position whose output is trained."""
+    same = (input_ids == input_ids[:1]).all(dim=0)  # [max_len]
+    first_trained = int((labels != IGNORE_INDEX).any(dim=0).nonzero()[0]) - 1
+    differs = (~same).nonzero()
+    return min(int(differs[0]) if len(differs) else input_ids.shape[1], first_trained)
+
+
+def _answer_loss(model: PreTrainedModel, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Mean cross-entropy on answer tokens; the shared prompt prefix is computed once.
+
+    The header is identical in every prompt, so its keys/values are computed for one row
+    and repeated across the batch (autograd sums the rows' gradients into it): the same
+    loss as a plain forward over [batch, max_len], at a fraction of the cost.
+    """
+    input_ids, attention_mask, labels = batch  # each [batch, max_len]
+    prefix = _shared_prefix_length(input_ids, labels)
+    cache = DynamicCache(config=model.config)
+    if prefix > 0:
+        model.model(input_ids=input_ids[:1, :prefix], past_key_values=cache, use_cache=True)
+        cache.batch_repeat_interleave(input_ids.shape[0])
+    positions = torch.arange(prefix, input_ids.shape[1]).expand(input_ids.shape[0], -1)  # [batch, suffix]
+    hidden = model.model(
+        input_ids=input_ids[:, prefix:],
+        attention_mask=attention_mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state  # [batch, suffix, hidden]
+    # Only positions that predict an answer token go through the LM head.
+    targets = labels[:, prefix + 1 :]
+    keep = targets != IGNORE_INDEX  # [batch, suffix - 1]
+    logits = model.lm_head(hidden[:, :-1][keep])  # [answer_tokens, vocab]
+    return torch.nn.functional.cross_entropy(logits, targets[keep])
+
+
+def supervised_warm_start(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: list[Example], config: SFTConfig
+) -> list[float]:
+    """Train `model` in place on `examples` (sampled with replacement); returns the loss per step."""
+    rng = random.Random(config.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    model.train()
+    losses: list[float] = []
+    start = time.monotonic()
+    for step in range(config.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, config)
+        batch = rng.choices(examples, k=config.batch_size)
+        loss = _answer_loss(model, collate(tokenizer, batch, with_header=step >= config.record_only_steps))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        if step % 50 == 0 or step == config.steps - 1:
+            elapsed = time.monotonic() - start
+            logger.info("warm start step %d/%d loss %.4f (%.0f s)", step + 1, config.steps, losses[-1], elapsed)
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def sample_answers(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: list[Example],
+    *,
+    temperature: float = 1.0,
+    max_new_tokens: int = 64,
+    batch_size: int = 16,
+    seed: int = 0,
+) -> list[list[int]]:
+    """Sampled response ids per example (eos and padding removed); reseeds torch's global RNG."""
+    torch.manual_seed(seed)
+    responses: list[list[int]] = []
+    for begin in range(0, len(examples), batch_size):
+        prompts = [prompt_ids(tokenizer, ex) for ex in examples[begin : begin + batch_size]]
+        width = max(map(len, prompts))
+        # Left padding: every prompt ends where generation starts.
+        input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
+        pad_lengths = torch.tensor([width - len(p) for p in prompts])  # [batch]
+        attention_mask = (torch.arange(width)[None, :] >= pad_lengths[:, None]).long()  # [batch, width]
+        output = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        for row in output[:, width:].tolist():
+            responses.append(_until_eos(row, tokenizer.eos_token_id, tokenizer.pad_token_id))
+    return responses
+
+
+def _until_eos(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
+    ids = ids[: ids.index(eos_id)] if eos_id in ids else ids
+    return [i for i in ids if i != pad_id]
+
+
+def mean_sampled_reward(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: list[Example], **sample_kwargs
+) -> tuple[float, list[int]]:
+    """Mean reward of one sampled answer per example, and the answers' token lengths."""
+    responses = sample_answers(model, tokenizer, examples, **sample_kwargs)
+    scores = [
+        compute_score(DATA_SOURCE, tokenizer.decode(ids, skip_special_tokens=True), ex.answer)
+        for ids, ex in zip(responses, examples)
+    ]
+    return sum(scores) / len(scores), [len(ids) for ids in responses]
