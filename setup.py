@@ -32,10 +32,10 @@ setup(
     name="verl_ext",
     version="0.1.0",
     description=__doc__,
-    packages=find_packages(include=["verl_ext", "verl_ext.*"]) + ["verl_ext.recipes"],
+    packages=find_packages(include=["verl_ext", "verl_ext.*"]) + ["verl_ext.recipes", "verl_ext.recipes.common"],
     # Recipes live at the top of the repository and install as the package Hydra searches.
     package_dir={"verl_ext.recipes": "recipes"},
-    package_data={"verl_ext.recipes": ["*.yaml"]},
+    package_data={"verl_ext.recipes": ["*.yaml"], "verl_ext.recipes.common": ["*.yaml"]},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
