@@ -2,9 +2,11 @@
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,26 +25,53 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def two_node_cluster(tmp_path):
-    """Head and worker raylets on one host, each with one logical training slot (see verl_ext.platform.cpu)."""
+def two_node_cluster(tmp_path, monkeypatch):
+    """Head and worker raylets on one host, each with one logical training slot (see verl_ext.platform.cpu).
+
+    Both run in the foreground (--block) in process groups of their own, so tearing down stops this cluster
+    only, never another Ray instance on the machine.
+    """
     gcs_port, dashboard_port = _free_port(), _free_port()
+    # a throwaway cluster on this host: Ray 2.60's token auth would need its token file passed to every client
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     env = {**os.environ, "RAY_ADDRESS": ""}
-    temp_dir = tmp_path / "ray"
-    common = ["--num-cpus=8", "--num-gpus=1", "--disable-usage-stats"]
-    subprocess.run(
-        [RAY, "start", "--head", f"--port={gcs_port}", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}",
-         "--include-dashboard=true", f"--dashboard-port={dashboard_port}", "--dashboard-host=127.0.0.1", *common],
-        check=True, env=env, capture_output=True,
-    )
+    common = ["--num-cpus=8", "--num-gpus=1", "--disable-usage-stats", "--block", "--node-ip-address=127.0.0.1"]
+    ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    head = [RAY, "start", "--head", f"--port={gcs_port}", f"--temp-dir={ray_dir}",
+            "--include-dashboard=true", f"--dashboard-port={dashboard_port}", "--dashboard-host=127.0.0.1"]
+    worker = [RAY, "start", f"--address=127.0.0.1:{gcs_port}"]
+    nodes = []
     try:
-        subprocess.run(
-            [RAY, "start", f"--address=127.0.0.1:{gcs_port}", "--node-ip-address=127.0.0.1", *common],
-            check=True, env=env, capture_output=True,
-        )
+        nodes.append(_spawn(head + common, env, tmp_path / "head.log"))
+        _wait_for_nodes(f"127.0.0.1:{gcs_port}", 1)
+        nodes.append(_spawn(worker + common, env, tmp_path / "worker.log"))
+        _wait_for_nodes(f"127.0.0.1:{gcs_port}", 2)
         yield f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dashboard_port}"
     finally:
-        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        for node in reversed(nodes):
+            os.killpg(node.pid, signal.SIGTERM)
+            node.wait(timeout=60)
+        shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def _spawn(command, env, log_path):
+    log = open(log_path, "w")
+    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_for_nodes(gcs_address: str, count: int, timeout_s: float = 120) -> None:
+    from ray.util.state import list_nodes
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            alive = [n for n in list_nodes(address=gcs_address) if n.state == "ALIVE"]
+            if len(alive) >= count:
+                return
+        except Exception:  # noqa: BLE001 -- the GCS is still starting
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"Ray cluster at {gcs_address} did not reach {count} nodes in {timeout_s}s")
 
 
 def _training_worker_nodes(gcs_address: str) -> set[str]:
