@@ -1,5 +1,5 @@
-# verl_ext: `make demo` runs the embedded GRPO job on CPU; `make test` runs the whole suite.
-# Both set up a virtual environment in $(VENV) on first use.
+# verl_ext: `make demo` runs the embedded GRPO job on CPU; `make test` runs the whole suite; `make bench` runs
+# the benchmarks (shared-prefix forward, n-gram rollout). All set up a virtual environment in $(VENV) on first use.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.verl_ext-installed
 RECIPE ?= demo_cpu
 ARGS ?=
 
-.PHONY: install demo test clean
+.PHONY: install demo test bench clean
 
 install: $(INSTALLED)
 
@@ -25,6 +25,10 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q $(ARGS)
+
+bench: install
+	$(BIN)/python benchmarks/prefix_grouper.py
+	$(BIN)/python benchmarks/ngram_rollout.py
 
 clean:
 	rm -rf $(VENV) outputs *.egg-info

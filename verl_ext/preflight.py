@@ -4,7 +4,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 
 class ConfigError(ValueError):
@@ -38,6 +38,7 @@ def check(config: DictConfig) -> None:
     for key in ("train_files", "val_files"):
         _check_files(f"data.{key}", config.data[key])
     _check_speculation(config.actor_rollout_ref.rollout)
+    _check_prefix_grouper(config.actor_rollout_ref)
     reward_path = config.reward.custom_reward_function.get("path")
     if reward_path:
         _check_files("reward.custom_reward_function.path", reward_path)
@@ -71,6 +72,39 @@ def _check_speculation(rollout) -> None:
             f"rollout.custom.speculation is served by rollout.name=hf, not {rollout.name}; set "
             "actor_rollout_ref.rollout.custom.speculation.method=none or use the hf rollout."
         )
+
+
+_ULYSSES_KEYS = tuple(
+    f"{role}.{where}ulysses_sequence_parallel_size" for role in ("actor", "ref") for where in ("", "fsdp_config.")
+)
+
+
+def _check_prefix_grouper(arr) -> None:
+    """actor.use_prefix_grouper (actor and reference model): refuse what the shared-prefix engine does not do."""
+    if not arr.actor.get("use_prefix_grouper", False):
+        return
+    flag = "actor_rollout_ref.actor.use_prefix_grouper=true"
+    if arr.actor.strategy not in ("fsdp", "fsdp2"):
+        raise ConfigError(
+            f"{flag} needs actor_rollout_ref.actor.strategy fsdp or fsdp2, got {arr.actor.strategy}; change one of them."
+        )
+    for key in _ULYSSES_KEYS:
+        size = OmegaConf.select(arr, key, default=1) or 1
+        if size > 1:
+            raise ConfigError(
+                f"{flag} does not support Ulysses sequence parallelism (actor_rollout_ref.{key}={size}); "
+                "set it to 1 or turn use_prefix_grouper off."
+            )
+    if arr.model.get("use_fused_kernels", False):
+        raise ConfigError(
+            f"{flag} does not support actor_rollout_ref.model.use_fused_kernels=true (the fused kernel never "
+            "materialises the logits the grouped forward selects); set one of them to false."
+        )
+    for role in ("actor", "ref"):
+        if OmegaConf.select(arr, f"{role}.fsdp_config.pad_to_length", default=False):
+            raise ConfigError(
+                f"{flag} does not support actor_rollout_ref.{role}.fsdp_config.pad_to_length=true; set it to false."
+            )
 
 
 def _check_device(device: str) -> None:

@@ -2,17 +2,22 @@
 
 Selected with ``trainer.v1.trainer_mode=verl_ext`` (the recipes do). verl 0.9.1 hard-codes its own worker
 classes in ``PPOTrainer._init_resource_pool_mgr``; its trainer registry is the supported way to swap them.
-On top of verl's step it logs the rollout's speculation counters and keeps the n-gram history in checkpoints.
+On top of verl's step it logs the rollout's speculation counters, keeps the n-gram history in checkpoints,
+puts each step's batch in a reproducible order and, with ``actor.use_prefix_grouper``, balances whole prompt
+groups instead of single samples.
 """
 
+import itertools
 import os
 import pickle
 
 import ray
 from verl.trainer.ppo.utils import Role
+from verl.utils.seqlen_balancing import log_seqlen_unbalance
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
+from verl_ext.grouping import balance_groups, uid_groups
 from verl_ext.workers import ActorRolloutRefWorker, TrainingWorker
 
 TRAINER_MODE = "verl_ext"
@@ -29,10 +34,62 @@ _WORKER_FOR_ROLE = {
 
 @register_trainer(TRAINER_MODE)
 class VerlExtTrainer(PPOTrainerSync):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._prompt_position: dict[str, int] = {}  # uid -> order in which the dataloader produced it
+        self._prompt_counter = itertools.count()
+
     def _init_resource_pool_mgr(self):
         super()._init_resource_pool_mgr()
         for role in self.role_worker_mapping:
             self.role_worker_mapping[role] = ray.remote(_WORKER_FOR_ROLE[role])
+
+    # ---- batch order and balance --------------------------------------------------------------------------
+
+    def _fetch_one_gen_batch(self):
+        batch = super()._fetch_one_gen_batch()
+        for uid in list(batch["uid"]):
+            self._prompt_position[uid] = next(self._prompt_counter)
+        return batch
+
+    def _in_submission_order(self, batch) -> None:
+        """verl's replay buffer lists a step's samples in the order the rollouts finished, which varies from run
+        to run, and the order changes the update's floating-point sums. Sort them by (prompt as the dataloader
+        gave it, rollout, output index): a run with full_determinism then repeats exactly."""
+
+        def position(key: str):
+            uid, session, index = key.rsplit("_", 2)  # keys are {uid}_{session_id}_{index}
+            return self._prompt_position.get(uid, float("inf")), int(session), int(index), key
+
+        batch.reorder(sorted(range(len(batch)), key=lambda i: position(batch.keys[i])))
+        for key in batch.keys:
+            self._prompt_position.pop(key.rsplit("_", 2)[0], None)
+
+    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        """verl balances single samples over the data-parallel ranks, which scatters each prompt's rollouts; the
+        shared-prefix forward needs them together. verl's pass still pads the batch to a divisible size; then
+        whole uid groups are placed per rank and per update mini-batch (verl_ext.grouping.balance)."""
+        self._in_submission_order(batch)
+        batch = super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)
+        if not self.config.actor_rollout_ref.actor.get("use_prefix_grouper", False):
+            return batch
+        dp_size = max(self.actor_rollout_wg._dispatch_info["actor"]) + 1
+        uids = [key.rsplit("_", 2)[0] for key in batch.keys]  # keys are {uid}_{session_id}_{index}
+        groups = uid_groups(uids, [t["prompt_len"] for t in batch.tags], [t["response_len"] for t in batch.tags])
+        ranks = balance_groups(groups, dp_size, self._update_mini_batches(len(batch), dp_size))
+        seq_lens = [tag["seq_len"] for tag in batch.tags]
+        metrics.update(log_seqlen_unbalance(seqlen_list=seq_lens, partitions=ranks, prefix=logging_prefix))
+        batch.reorder([i for rank in ranks for i in rank])  # dispatch gives rank r the r-th equal slice
+        return batch
+
+    def _update_mini_batches(self, batch_size: int, dp_size: int) -> int:
+        """How many mini-batches the actor update cuts each rank's slice into (1 when it does not update)."""
+        actor = self.config.actor_rollout_ref.actor
+        global_mini = actor.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n
+        updates = self.config.trainer.critic_warmup <= self.global_steps
+        if not updates or batch_size % global_mini or global_mini % dp_size:
+            return 1
+        return batch_size // global_mini
 
     # ---- metrics ------------------------------------------------------------------------------------------
 

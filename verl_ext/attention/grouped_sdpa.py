@@ -22,8 +22,11 @@ That row is computed in two parts, never copying the prefix K/V per member:
 and merged exactly by log-sum-exp (Prefix Grouper, arXiv 2506.05433, Eq. 4; the merge is
 flash-decoding's):
     lse = log(e^lse_c + e^lse_s),   out = e^(lse_c - lse) * o_c + e^(lse_s - lse) * o_s
-The merge differentiates through lse, so the two parts return a differentiable lse
-(`attention_with_lse`).
+On CPU every part runs on torch's flash kernel (no [Lq, Lk] score matrix is kept); on other devices
+the two response parts run as plain matmuls (`attention_with_lse`'s kernels). The response rows'
+backward is the ring-attention one, as in `grouped_flash`: each part's backward is given the *merged*
+output and lse, which recomputes the merged softmax restricted to that part's keys, and the parts' dQ
+add up; so no part needs an lse gradient.
 
 Half-precision inputs are computed in fp32 in the two response parts; fp32 and fp64 stay as is.
 """
@@ -139,21 +142,89 @@ def _scatter_rows(x, slots):
     return x.transpose(1, 2).reshape(n * w, h, *x.shape[3:])[slots]
 
 
-def _response_rows(q, k, v, kp, vp, meta: GroupedAttentionMeta, scale):
-    """[n_response_tokens, H, D] for every response token: cross and self parts, merged."""
-    dense = meta.dense
-    rows = dense.cross_rows
-    if rows.numel() != kp.shape[0]:  # some groups have only empty responses
-        kp, vp = kp[rows], vp[rows]
-    o_c, lse_c = attention_with_lse(_gather_blocks(q, dense.cross_index), kp, vp, scale, key_mask=dense.cross_key_mask)
-    qs, ks, vs = (_gather_blocks(x, dense.self_index) for x in (q, k, v))
-    o_s, lse_s = attention_with_lse(qs, ks, vs, scale, causal=True)
-    return merge_by_lse(
-        _scatter_rows(o_c, dense.cross_slots),
-        _scatter_rows(lse_c, dense.cross_slots),
-        _scatter_rows(o_s, dense.self_slots),
-        _scatter_rows(lse_s, dense.self_slots),
-    )
+def _to_blocks(rows, slots, n, w, fill=0.0):
+    """Inverse of `_scatter_rows`: rows [R, H, ...] -> [n, H, w, ...], `fill` where no row lands."""
+    out = rows.new_full((n * w, *rows.shape[1:]), fill).index_copy(0, slots, rows)
+    return out.view(n, w, *rows.shape[1:]).transpose(1, 2).contiguous()
+
+
+def _cpu_flash(q: torch.Tensor) -> bool:
+    """Whether a response part runs on torch's CPU flash kernel, whose private aten ops (torch 2.13) return
+    the lse, take it back in the backward and take GQA as is; other devices use the matmul kernels."""
+    return q.device.type == "cpu"
+
+
+def _key_bias(key_mask, dtype):
+    """[n, lk] bool (True = real key) -> additive [n, 1, 1, lk] for the flash kernel; None stays None."""
+    if key_mask is None:
+        return None
+    bias = torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device).masked_fill(~key_mask, float("-inf"))
+    return bias[:, None, None]
+
+
+def _part_fwd(q, k, v, scale, causal, key_mask):
+    """One part of the response rows: (o [n, h, lq, d], lse [n, h, lq])."""
+    if _cpu_flash(q):
+        bias = _key_bias(key_mask, q.dtype)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=bias, scale=scale)
+    return _attn_fwd(q, k, v, scale, causal, key_mask)
+
+
+def _part_bwd(do, q, k, v, o, lse, scale, causal, key_mask):
+    """(dq, dk, dv) of one part, given the merged o and lse of its rows (ring-attention backward)."""
+    if _cpu_flash(q):
+        bias = _key_bias(key_mask, q.dtype)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            do, q, k, v, o, lse, 0.0, causal, attn_mask=bias, scale=scale
+        )
+    return _attn_bwd(do, torch.zeros_like(lse), q, k, v, o, lse, scale, causal, key_mask)
+
+
+class _ResponseAttention(torch.autograd.Function):
+    """[R, H, D] output of every response token, in stream order: cross part and self part, merged.
+
+    A part works on blocks [n, H, w, D] (`meta.dense`); `*_slots` map its rows to the R response rows.
+    Block rows no response token maps to get do = 0 and lse = +inf in the backward: they add nothing.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, kp, vp, meta: GroupedAttentionMeta, scale):
+        ctx.in_dtypes = [x.dtype for x in (q, k, v, kp, vp)]
+        dtype, dense = _compute_dtype(q.dtype), meta.dense
+        q, k, v, kp, vp = (x.to(dtype) for x in (q, k, v, kp, vp))
+        o_c, lse_c = _part_fwd(_gather_blocks(q, dense.cross_index), kp, vp, scale, False, dense.cross_key_mask)
+        o_s, lse_s = _part_fwd(*(_gather_blocks(x, dense.self_index) for x in (q, k, v)), scale, True, None)
+        o_c, lse_c = (_scatter_rows(x, dense.cross_slots) for x in (o_c, lse_c))  # -> [R, H, (D)]
+        o_s, lse_s = (_scatter_rows(x, dense.self_slots) for x in (o_s, lse_s))
+        out, lse = merge_by_lse(o_c, lse_c, o_s, lse_s), torch.logaddexp(lse_c, lse_s)
+        ctx.save_for_backward(q, k, v, kp, vp, out, lse)
+        ctx.meta, ctx.scale = meta, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v, kp, vp, out, lse = ctx.saved_tensors
+        dense, scale = ctx.meta.dense, ctx.scale
+        d_out = d_out.to(out.dtype)
+
+        def merged(index, slots):  # (do, o, lse) of the response rows, laid out as the part's blocks
+            n, w = index.shape
+            inf = float("inf")
+            return _to_blocks(d_out, slots, n, w), _to_blocks(out, slots, n, w), _to_blocks(lse, slots, n, w, inf)
+
+        do_c, o_c, lse_c = merged(dense.cross_index, dense.cross_slots)
+        qc = _gather_blocks(q, dense.cross_index)
+        dqc, dkp, dvp = _part_bwd(do_c, qc, kp, vp, o_c, lse_c, scale, False, dense.cross_key_mask)
+        do_s, o_s, lse_s = merged(dense.self_index, dense.self_slots)
+        qs, ks, vs = (_gather_blocks(x, dense.self_index) for x in (q, k, v))
+        dqs, dks, dvs = _part_bwd(do_s, qs, ks, vs, o_s, lse_s, scale, True, None)
+        tokens = ctx.meta.response_tokens
+        dq_rows = _scatter_rows(dqc, dense.cross_slots) + _scatter_rows(dqs, dense.self_slots)
+        dq = q.new_zeros(q.shape).index_copy(0, tokens, dq_rows)
+        dk = k.new_zeros(k.shape).index_copy(0, tokens, _scatter_rows(dks, dense.self_slots))
+        dv = v.new_zeros(v.shape).index_copy(0, tokens, _scatter_rows(dvs, dense.self_slots))
+        grads = (g.to(t) for g, t in zip((dq, dk, dv, dkp, dvp), ctx.in_dtypes))
+        return *grads, None, None
 
 
 def grouped_sdpa_attention(
@@ -171,5 +242,8 @@ def grouped_sdpa_attention(
     o_p = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale, enable_gqa=True)
     out = q.new_zeros(b * s, h, d).index_copy(0, meta.prefix_tokens, _scatter_rows(o_p, dense.prefix_slots))
     if meta.response_tokens.numel():
-        out = out.index_copy(0, meta.response_tokens, _response_rows(q, k, v, kp, vp, meta, scale).to(out.dtype))
+        rows = dense.cross_rows
+        if rows.numel() != kp.shape[0]:  # some groups have only empty responses
+            kp, vp = kp[rows], vp[rows]
+        out = out.index_copy(0, meta.response_tokens, _ResponseAttention.apply(q, k, v, kp, vp, meta, scale).to(out.dtype))
     return out.view(b, s, h, d)

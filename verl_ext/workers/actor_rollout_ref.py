@@ -1,5 +1,7 @@
 """The actor/rollout/reference worker users name: verl's hybrid worker hosting verl_ext's training workers."""
 
+import functools
+
 from verl.workers.engine_workers import ActorRolloutRefWorker as VerlActorRolloutRefWorker
 
 from verl_ext.workers.training_worker import TrainingWorker
@@ -8,3 +10,12 @@ from verl_ext.workers.training_worker import TrainingWorker
 class ActorRolloutRefWorker(VerlActorRolloutRefWorker):
     actor_worker_cls = TrainingWorker
     ref_worker_cls = TrainingWorker
+
+    def __init__(self, config, role: str, **kwargs):
+        super().__init__(config, role, **kwargs)
+        # verl declares actor.use_prefix_grouper and reads it nowhere in v1. Here it selects the shared-prefix
+        # engine for the actor and for the reference model alike: verl's init_model builds both through
+        # these attributes.
+        if config.actor.get("use_prefix_grouper", False):
+            grouped = functools.partial(TrainingWorker, use_prefix_grouper=True)
+            self.actor_worker_cls = self.ref_worker_cls = grouped

@@ -1,0 +1,25 @@
+"""Group-aware batching for the shared-prefix forward: keep each (uid, prompt) group in one piece.
+
+Modules, one job each:
+    costs          what a group costs when its prompt runs once; splitting a group in two
+    micro_batches  split one rank's mini-batch into micro-batches of whole groups (fixed or token budget)
+    balance        order the trainer's batch so that ranks and update mini-batches get whole groups
+
+A group split by any of these stays correct (each part is grouped on its own); only sharing is lost.
+"""
+
+from verl_ext.grouping.balance import balance_groups, uid_groups
+from verl_ext.grouping.costs import grouped_tokens, grouped_workload, split_group
+from verl_ext.grouping.micro_batches import LOCAL, Agreement, plan_micro_batches, stream_tokens
+
+__all__ = [
+    "LOCAL",
+    "Agreement",
+    "balance_groups",
+    "grouped_tokens",
+    "grouped_workload",
+    "plan_micro_batches",
+    "split_group",
+    "stream_tokens",
+    "uid_groups",
+]

@@ -1,0 +1,205 @@
+"""verl's FSDP actor engine with the shared-prefix forward: each (uid, prompt) group's prompt runs once.
+
+Registered in verl's EngineRegistry under backend names of its own (grouped_config), on cpu and cuda;
+verl_ext's TrainingWorker asks for them when `actor.use_prefix_grouper` is on. What differs from verl
+0.9.1's FSDPEngineWithLMHead, and nothing else:
+- forward_backward_batch: micro-batches of whole groups (verl_ext.grouping.micro_batches), and the
+  model stays in grouped-attention mode through the backward, so activation checkpointing
+  recomputes the grouped attention, not the standard one.
+- forward_step: the grouped stream goes in (packed for use_remove_padding, padded otherwise); only the
+  logits that predict response tokens come out, scaled and turned into log-probs / entropy with
+  verl's own functions, and are written back in verl's jagged layout (grouped_io).
+"""
+
+import functools
+from contextlib import nullcontext
+
+import torch
+import torch.distributed
+import verl.utils.torch_functional as verl_F
+from tensordict import TensorDict
+from torch.distributed.tensor import DTensor
+from verl.utils import tensordict_utils as tu
+from verl.utils.device import get_device_id, get_device_name
+from verl.utils.model import extract_multi_modal_inputs
+from verl.utils.seqlen_balancing import restore_dynamic_batch
+from verl.utils.torch_functional import logprobs_from_logits
+from verl.workers.engine import EngineRegistry
+from verl.workers.engine.fsdp.transformer_impl import (
+    FSDPEngineWithLMHead,
+    _is_scalar_unit_temperature,
+    _scale_logits_by_temperature,
+)
+from verl.workers.engine.utils import detach_tree, postprocess_batch_func
+
+from verl_ext.attention import META_KWARG, grouped_attention_mode, response_predictions
+from verl_ext.grouping import grouped_tokens, grouped_workload, plan_micro_batches, stream_tokens
+from verl_ext.workers.engines import CPUFSDPEngineWithLMHead
+from verl_ext.workers.grouped_config import GROUPED_BACKENDS, GroupedFSDPEngineConfig
+from verl_ext.workers.grouped_io import GroupedInputs, grouped_inputs, sample_tokens, to_jagged
+
+# grouped-stream tokens / standard tokens of a batch (1.0: nothing shared); the update reports it as actor/...
+TOKEN_RATIO_METRIC = "prefix_grouper/token_ratio"
+
+# Micro-batch options whose outputs the grouped forward does not produce: refused, never ignored.
+_UNSUPPORTED_OPTIONS = ("use_fused_kernels", "distillation_use_topk", "distillation_only", "calculate_sum_pi_squared")
+
+
+class _GroupedForward:
+    """Overrides of FSDPEngineWithLMHead; mixed in before it."""
+
+    def __init__(self, model_config, engine_config, optimizer_config, checkpoint_config):
+        if isinstance(engine_config, GroupedFSDPEngineConfig):
+            engine_config = engine_config.as_verl_config()
+        super().__init__(model_config, engine_config, optimizer_config, checkpoint_config)
+        if self.use_ulysses_sp:
+            raise ValueError("use_prefix_grouper does not support Ulysses sequence parallelism (sequence parallel size > 1)")
+        if self.pad_to_length:
+            raise ValueError("use_prefix_grouper does not support pad_to_length (static packed shapes)")
+
+    # ---- micro-batches -----------------------------------------------------------------------------
+
+    def forward_backward_batch(self, data: TensorDict, loss_function, forward_only=False):
+        """verl 0.9.1's FSDPEngine.forward_backward_batch with group-aware micro-batches."""
+        tu.assign_non_tensor(data, sp_size=self.ulysses_sequence_parallel_size)
+        return_model_output = tu.get_non_tensor_data(data=data, key="return_model_output", default=False)
+        batch_num_tokens = data["loss_mask"].sum().to(get_device_id())
+        dp_group = self.get_data_parallel_group()
+        torch.distributed.all_reduce(batch_num_tokens, op=torch.distributed.ReduceOp.SUM, group=dp_group)
+        tu.assign_non_tensor(data, batch_num_tokens=batch_num_tokens.item(), dp_size=self.get_data_parallel_size())
+
+        groups = sample_tokens(data).plan.groups
+        indices = self._plan_micro_batches(data, groups)
+        micro_batches = [tu.index_select_tensor_dict(data, part) for part in indices]
+        output_lst = []
+        grad_ctx = torch.no_grad() if forward_only else nullcontext()
+        scaler = getattr(self, "scaler", None)
+        with grouped_attention_mode(self.module):  # held through backward: checkpointed layers recompute grouped
+            for i, micro_batch in enumerate(micro_batches):
+                last = i == len(micro_batches) - 1
+                sync_ctx = nullcontext() if forward_only else self._gradient_sync_context(is_last_micro_batch=last)
+                with grad_ctx, sync_ctx, torch.profiler.record_function(f"micro_batch{i}"):
+                    loss, meta_info = self.forward_step(micro_batch, loss_function=loss_function, forward_only=forward_only)
+                    if not forward_only:
+                        (scaler.scale(loss) if scaler is not None else loss).backward()
+                        if not return_model_output:
+                            meta_info.pop("model_output", None)
+                output_lst.append(meta_info)
+
+        output = postprocess_batch_func(output_lst=output_lst, indices=indices, data=data)
+        if not tu.get_non_tensor_data(data=data, key="use_dynamic_bsz", default=True):
+            # verl restores the sample order only after dynamic batching; ours reorders in both modes
+            output["model_output"] = {k: restore_dynamic_batch(v, indices) for k, v in output["model_output"].items()}
+        standard_tokens = sum(g.prompt_len * len(g.members) + sum(g.response_lens) for g in groups)
+        output["metrics"][TOKEN_RATIO_METRIC] = [stream_tokens(groups, indices) / standard_tokens]
+        return output
+
+    def _plan_micro_batches(self, data: TensorDict, groups) -> list[list[int]]:
+        if tu.get_non_tensor_data(data=data, key="use_dynamic_bsz", default=True):
+            # the token budget counts a shared prompt once
+            capacity, cost, weight = data["max_token_len_per_gpu"], grouped_tokens, grouped_workload
+        else:
+            capacity, cost, weight = data["micro_batch_size_per_gpu"], _num_samples, _num_samples
+        return plan_micro_batches(groups, capacity, cost, weight, _DataParallelAgreement(self.get_data_parallel_group()))
+
+    # ---- one micro-batch ---------------------------------------------------------------------------
+
+    def forward_step(self, micro_batch: TensorDict, loss_function, forward_only):
+        _refuse_unsupported(micro_batch)
+        use_remove_padding = tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True)
+        pad_token_id = tu.get_non_tensor_data(data=micro_batch, key="pad_token_id", default=0)
+        layout = "packed" if use_remove_padding else "padded"
+        inputs = grouped_inputs(sample_tokens(micro_batch), layout, pad_token_id, get_device_id())
+        micro_batch = micro_batch.to(get_device_id())
+
+        with self._autocast(), grouped_attention_mode(self.module):
+            batch = inputs.batch
+            output = self.module(
+                input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False, **{META_KWARG: batch.attention}
+            )
+            model_output = self._response_outputs(output.logits, inputs, micro_batch, use_remove_padding)
+            if loss_function is not None:
+                dp_group = self.get_data_parallel_group()
+                loss, metrics = loss_function(model_output=model_output, data=micro_batch, dp_group=dp_group)
+            else:
+                assert forward_only, "forward_only must be True when loss_function is None"
+                loss, metrics = torch.tensor(1.0, device=get_device_name()), {}
+            return loss, {"model_output": detach_tree(model_output), "loss": loss.detach().item(), "metrics": metrics}
+
+    def _autocast(self):
+        """As verl's forward_step: autocast to the FSDP param dtype, none for fp32."""
+        dtype = getattr(self, "_autocast_dtype", torch.bfloat16)
+        return nullcontext() if dtype == torch.float32 else torch.autocast(device_type=get_device_name(), dtype=dtype)
+
+    def _response_outputs(self, logits, inputs: GroupedInputs, micro_batch, use_remove_padding: bool) -> dict:
+        """log_probs (and entropy) of the response tokens, computed as verl does, in verl's jagged layout."""
+        if isinstance(logits, DTensor):
+            logits = logits.full_tensor()
+        rows = response_predictions(logits, inputs.batch)  # [R, V]
+        unit = _is_scalar_unit_temperature(micro_batch["temperature"])
+        rows = _scale_logits_by_temperature(rows, inputs.row_temperature, is_unit_temperature=unit)
+        calculate_entropy = tu.get_non_tensor_data(data=micro_batch, key="calculate_entropy", default=False)
+        # rows feed both entropy and log-probs: no in-place backward then (verl's packed path does the same)
+        log_probs = logprobs_from_logits(logits=rows, labels=inputs.targets, inplace_backward=not calculate_entropy)
+        out = {"log_probs": to_jagged(log_probs, inputs)}
+        if calculate_entropy:
+            out["entropy"] = to_jagged(self._entropy(rows, use_remove_padding), inputs)
+        return out
+
+    def _entropy(self, rows: torch.Tensor, use_remove_padding: bool) -> torch.Tensor:
+        """[R]; the function verl uses in the same layout (its packed and padded paths differ)."""
+        config = self.engine_config
+        if not use_remove_padding:
+            fn = verl_F.entropy_from_logits
+        elif config.entropy_from_logits_with_chunking and not config.entropy_checkpointing:
+            fn = functools.partial(self.compute_entropy_from_logits, chunk_size=config.entropy_from_logits_chunk_size)
+        else:
+            fn = self.compute_entropy_from_logits
+        return torch.utils.checkpoint.checkpoint(fn, rows) if config.entropy_checkpointing else fn(rows)
+
+
+def _num_samples(group) -> int:
+    return len(group.members)
+
+
+def _refuse_unsupported(micro_batch: TensorDict) -> None:
+    for key in _UNSUPPORTED_OPTIONS:
+        if tu.get_non_tensor_data(data=micro_batch, key=key, default=False):
+            raise NotImplementedError(f"use_prefix_grouper does not support {key}")
+    if extract_multi_modal_inputs(micro_batch.get("multi_modal_inputs", [])):
+        raise NotImplementedError("use_prefix_grouper does not support multi-modal inputs")
+
+
+class _DataParallelAgreement:
+    """verl_ext.grouping.Agreement over a data-parallel group (collectives on verl's device)."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def _reduce(self, value: int, op) -> int:
+        t = torch.tensor([value], device=get_device_name())
+        torch.distributed.all_reduce(t, op=op, group=self.group)
+        return int(t.item())
+
+    def max(self, value: int) -> int:
+        return self._reduce(value, torch.distributed.ReduceOp.MAX)
+
+    def all(self, flag: bool) -> bool:
+        return bool(self._reduce(int(flag), torch.distributed.ReduceOp.MIN))
+
+
+class GroupedFSDPEngineWithLMHead(_GroupedForward, FSDPEngineWithLMHead):
+    """On cuda (verl's FSDP engine)."""
+
+
+class CPUGroupedFSDPEngineWithLMHead(_GroupedForward, CPUFSDPEngineWithLMHead):
+    """On verl_ext's cpu platform."""
+
+
+def register_grouped_engines() -> None:
+    """Make the grouped backends selectable on cuda and cpu. Idempotent."""
+    registered = EngineRegistry._engines.get("language_model", {})
+    for device, engine_cls in (("cuda", GroupedFSDPEngineWithLMHead), ("cpu", CPUGroupedFSDPEngineWithLMHead)):
+        missing = [b for b in GROUPED_BACKENDS.values() if device not in registered.get(b, {})]
+        if missing:
+            EngineRegistry.register(model_type="language_model", backend=missing, device=device)(engine_cls)
