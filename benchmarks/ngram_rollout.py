@@ -24,7 +24,7 @@ import torch
 from verl_ext.rollout.engine import HFGenerationEngine
 from verl_ext.rollout.requests import GenerationRequest, SamplingSettings
 from verl_ext.rollout.trace import read_trace
-from verl_ext.speculation import SpeculationConfig, Speculator, build_drafter
+from verl_ext.speculation import SpeculationConfig, Speculator, build_drafter, prompt_key
 from verl_ext.speculation.offline import replay_steps
 
 DRAFTERS = ("ngram_rl", "prompt_lookup", "suffix")
@@ -76,7 +76,7 @@ def time_rollouts(model_dir: Path, history_steps, final_steps, response_length: 
     warm = build_drafter(SpeculationConfig(method="ngram_rl", num_draft_tokens=BUDGET))
     for rollouts in history_steps:
         for prompt, response in rollouts:
-            warm.observe(Speculator.prompt_key(prompt) if hasattr(Speculator, "prompt_key") else _key(prompt), prompt, response)
+            warm.observe(prompt_key(prompt), prompt, response)
     variants = {
         "none": None,
         "ngram_rl sync": SpeculationConfig(method="ngram_rl", num_draft_tokens=BUDGET, prefetch=False),
@@ -102,12 +102,6 @@ def time_rollouts(model_dir: Path, history_steps, final_steps, response_length: 
             speculator.close()
         results[name] = (tokens / seconds, metrics)
     return results
-
-
-def _key(prompt):
-    from verl_ext.speculation import prompt_key
-
-    return prompt_key(prompt)
 
 
 def plot(curves: dict[str, list[float]], online: list[float], path: Path) -> None:
