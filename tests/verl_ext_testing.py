@@ -14,3 +14,14 @@ def demo_data_dir() -> Path:
 
 def main_command(*overrides: str, recipe: str = "demo_cpu") -> list[str]:
     return [sys.executable, "-m", "verl_ext.main", "--config-name", recipe, *overrides]
+
+
+def groups_of(*specs):
+    """Prefix groups from (prompt_len, response_lens) specs; members numbered consecutively."""
+    from verl_ext.attention.groups import PrefixGroup
+
+    out, start = [], 0
+    for lp, lens in specs:
+        out.append(PrefixGroup(tuple(range(start, start + len(lens))), lp, tuple(lens)))
+        start += len(lens)
+    return out

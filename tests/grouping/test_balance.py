@@ -3,16 +3,9 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_ext.attention import PrefixGroup
+from verl_ext_testing import groups_of
+
 from verl_ext.grouping import balance_groups, uid_groups
-
-
-def groups_of(*specs: tuple[int, list[int]]) -> list[PrefixGroup]:
-    out, start = [], 0
-    for lp, lens in specs:
-        out.append(PrefixGroup(tuple(range(start, start + len(lens))), lp, tuple(lens)))
-        start += len(lens)
-    return out
 
 
 def whole(groups, part) -> bool:

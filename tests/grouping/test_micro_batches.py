@@ -1,20 +1,12 @@
 """Group-aware micro-batches on tiny groups: each case states the rule it checks."""
 
 import pytest
+from verl_ext_testing import groups_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verl_ext.attention import PrefixGroup
 from verl_ext.grouping import grouped_tokens, grouped_workload, plan_micro_batches, stream_tokens
-
-
-def groups_of(*specs: tuple[int, list[int]]) -> list[PrefixGroup]:
-    """specs: (prompt_len, response_lens) per group; members numbered consecutively."""
-    out, start = [], 0
-    for lp, lens in specs:
-        out.append(PrefixGroup(tuple(range(start, start + len(lens))), lp, tuple(lens)))
-        start += len(lens)
-    return out
 
 
 def size(group: PrefixGroup) -> int:
