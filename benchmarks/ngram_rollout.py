@@ -8,7 +8,8 @@ without speculation, asynchronous vs synchronous prefetch.
 2. Replays each step's rollouts through every drafter (verl_ext.speculation.offline: exact in distribution)
    and reports accepted tokens per target forward per step (PNG) and over the final 30% of steps.
 3. In one process, generates the final steps' prompts at temperature 1.0 with the final policy: no
-   speculation, ngram_rl with synchronous drafting, ngram_rl with asynchronous prefetch.
+   speculation, ngram_rl with synchronous drafting, with prefetch overlapping the device's forward (on CPU
+   the forward is synchronous, so nothing overlaps) and with prefetch in a background thread.
 """
 
 import argparse
@@ -67,40 +68,52 @@ def final_mean(values: list[float]) -> float:
     return sum(tail) / len(tail)
 
 
-def time_rollouts(model_dir: Path, history_steps, final_steps, response_length: int) -> dict[str, tuple]:
+def default_variants(**overrides) -> dict:
+    base = dict(method="ngram_rl", num_draft_tokens=BUDGET, **overrides)
+    return {
+        "none": None,
+        "ngram_rl sync": SpeculationConfig(**base, prefetch=False),
+        "ngram_rl async": SpeculationConfig(**base, prefetch=True, prefetch_worker="overlap"),
+        "ngram_rl thread": SpeculationConfig(**base, prefetch=True, prefetch_worker="thread"),
+    }
+
+
+def time_rollouts(model_dir: Path, history_steps, final_steps, response_length: int, device: str = "cpu",
+                  temperature: float = 1.0, variants: dict | None = None) -> dict[str, tuple]:
+    """(tokens/s, speculation counters, outputs) of each variant on the same prompts, each drafter warmed
+    with the history_steps' rollouts; variants: name -> SpeculationConfig (None: no speculation)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    model = model.to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     stops = frozenset({tokenizer.eos_token_id})
-    warm = build_drafter(SpeculationConfig(method="ngram_rl", num_draft_tokens=BUDGET))
-    for rollouts in history_steps:
-        for prompt, response in rollouts:
-            warm.observe(prompt_key(prompt), prompt, response)
-    variants = {
-        "none": None,
-        "ngram_rl sync": SpeculationConfig(method="ngram_rl", num_draft_tokens=BUDGET, prefetch=False),
-        "ngram_rl async": SpeculationConfig(method="ngram_rl", num_draft_tokens=BUDGET, prefetch=True),
-    }
+    variants = variants or default_variants()
+    settings = SamplingSettings(temperature=temperature)
+    warm_up = [GenerationRequest(p, response_length, settings, stops) for p, _ in final_steps[0][:8]]
+    HFGenerationEngine(model, pad_token_id=tokenizer.pad_token_id).generate(warm_up)  # kernels, allocator
     results = {}
     for name, config in variants.items():
         speculator = None
         if config is not None:
             drafter = build_drafter(config)
-            drafter.load_state_dict(warm.state_dict())
+            for rollouts in history_steps:  # the history the run had built by then
+                for prompt, response in rollouts:
+                    drafter.observe(prompt_key(prompt), prompt, response)
             speculator = Speculator(config, drafter=drafter)
         engine = HFGenerationEngine(model, pad_token_id=tokenizer.pad_token_id, seed=0, speculator=speculator)
-        tokens, seconds = 0, 0.0
+        tokens, seconds, generated = 0, 0.0, []
         for rollouts in final_steps:
-            requests = [GenerationRequest(p, response_length, SamplingSettings(temperature=1.0), stops) for p, _ in rollouts]
+            requests = [GenerationRequest(p, response_length, settings, stops) for p, _ in rollouts]
             start = time.perf_counter()
             outputs = engine.generate(requests)
             seconds += time.perf_counter() - start
             tokens += sum(len(o.token_ids) for o in outputs)
+            generated += [o.token_ids for o in outputs]
         metrics = speculator.take_metrics() if speculator else None
         if speculator:
             speculator.close()
-        results[name] = (tokens / seconds, metrics)
+        results[name] = (tokens / seconds, metrics, generated)
     return results
 
 
@@ -160,7 +173,7 @@ def main() -> None:
     timings = time_rollouts(model_dir, steps[:cut], steps[cut:], response_length=64)
     base = timings["none"][0]
     print(f"\nRollout wall-clock, final {len(steps) - cut} steps' prompts, temperature 1.0, one process:")
-    for name, (tokens_per_s, metrics) in timings.items():
+    for name, (tokens_per_s, metrics, _) in timings.items():
         extra = ""
         if metrics is not None:
             extra = f"  accepted/forward {metrics.accepted_tokens_per_forward:.2f}"

@@ -39,6 +39,7 @@ def check(config: DictConfig) -> None:
         _check_files(f"data.{key}", config.data[key])
     _check_speculation(config.actor_rollout_ref.rollout)
     _check_prefix_grouper(config.actor_rollout_ref)
+    _check_sampler_poll(config.trainer)
     reward_path = config.reward.custom_reward_function.get("path")
     if reward_path:
         _check_files("reward.custom_reward_function.path", reward_path)
@@ -52,8 +53,9 @@ _SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "logit_bias", "repet
 
 
 def _check_speculation(rollout) -> None:
-    from verl_ext.rollout.speculator import build_speculation_config
+    from verl_ext.rollout.speculator import build_speculation_config, speculation_settings
     from verl_ext.speculation import check_sampling_supported
+    from verl_ext.vllm import check_vllm_rollout
 
     unknown = set(rollout.get("custom") or {}) - _ROLLOUT_CUSTOM_KEYS
     if unknown:
@@ -65,12 +67,14 @@ def _check_speculation(rollout) -> None:
         enabled = build_speculation_config(rollout) is not None
         if enabled:
             check_sampling_supported({k: rollout.get(k) for k in _SAMPLING_KEYS if rollout.get(k) is not None})
+        if enabled and rollout.name == "vllm":
+            check_vllm_rollout(rollout, speculation_settings(rollout))
     except ValueError as error:
         raise ConfigError(f"actor_rollout_ref.rollout.custom.speculation: {error}") from None
-    if enabled and rollout.name != "hf":
+    if enabled and rollout.name not in ("hf", "vllm"):
         raise ConfigError(
-            f"rollout.custom.speculation is served by rollout.name=hf, not {rollout.name}; set "
-            "actor_rollout_ref.rollout.custom.speculation.method=none or use the hf rollout."
+            f"rollout.custom.speculation is served by rollout.name=hf or vllm, not {rollout.name}; set "
+            "actor_rollout_ref.rollout.custom.speculation.method=none or use one of those rollouts."
         )
 
 
@@ -107,6 +111,20 @@ def _check_prefix_grouper(arr) -> None:
             )
 
 
+def _check_sampler_poll(trainer) -> None:
+    poll = OmegaConf.select(trainer, "v1.sampler.poll_interval", default=None)
+    if poll is None:
+        return
+    mode = OmegaConf.select(trainer, "v1.trainer_mode", default=None)
+    if mode != "verl_ext":
+        raise ConfigError(
+            f"trainer.v1.sampler.poll_interval is read by verl_ext's trainer, but trainer.v1.trainer_mode={mode}; "
+            "set trainer.v1.trainer_mode=verl_ext or drop the key."
+        )
+    if not float(poll) > 0:
+        raise ConfigError(f"trainer.v1.sampler.poll_interval={poll} must be > 0 seconds (e.g. 0.05).")
+
+
 def _check_device(device: str) -> None:
     import torch
 
@@ -141,6 +159,7 @@ def prepare_ray(config: DictConfig) -> None:
     if config.trainer.device != "cpu":
         return
     ray_init = config.ray_kwargs.ray_init
+    _size_transfer_queue_threads(ray_init)
     joining_cluster = os.environ.get("RAY_ADDRESS") or ray_init.get("address")
     with open_dict(ray_init):
         if joining_cluster:
@@ -154,3 +173,15 @@ def prepare_ray(config: DictConfig) -> None:
                     "`ray start` on each node (CPU nodes: --num-gpus=N slots) and set RAY_ADDRESS."
                 )
             ray_init.num_gpus = config.trainer.n_gpus_per_node
+
+
+def _size_transfer_queue_threads(ray_init) -> None:
+    """TransferQueue asks for 8 torch threads per data operation and logs a warning on every call where a node
+    has fewer physical cores: size it to this machine instead (an explicit TQ_NUM_THREADS wins)."""
+    import psutil
+
+    threads = os.environ.setdefault("TQ_NUM_THREADS", str(min(8, psutil.cpu_count(logical=False) or 1)))
+    if OmegaConf.select(ray_init, "runtime_env.env_vars.TQ_NUM_THREADS") is None:
+        # workers of an already running cluster do not inherit this process's environment
+        with open_dict(ray_init):
+            OmegaConf.update(ray_init, "runtime_env.env_vars.TQ_NUM_THREADS", threads, force_add=True)

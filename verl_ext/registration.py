@@ -1,6 +1,7 @@
 """Everything verl_ext adds to verl's registries, in one place."""
 
 HF_ROLLOUT = "hf"
+VLLM_ROLLOUT = "vllm"
 
 
 def _load_hf_replica():
@@ -9,12 +10,20 @@ def _load_hf_replica():
     return HFReplica
 
 
+def _load_vllm_replica():
+    from verl_ext.vllm.server import VerlExtvLLMReplica
+
+    return VerlExtvLLMReplica
+
+
 def register_all() -> None:
     import verl_ext.platform.cpu  # noqa: F401  (PlatformRegistry: "cpu")
     from verl.workers.rollout.base import _ROLLOUT_REGISTRY
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
     RolloutReplicaRegistry.register(HF_ROLLOUT, _load_hf_replica)
+    # verl's vLLM replica with rollout.custom.speculation wired in; the same as verl's without it (verl_ext.vllm).
+    RolloutReplicaRegistry.register(VLLM_ROLLOUT, _load_vllm_replica)
     # verl's worker-side rollout table has no register function; it is a plain dict keyed by (name, mode).
     _ROLLOUT_REGISTRY[(HF_ROLLOUT, "async")] = "verl_ext.rollout.adapter.HFServerAdapter"
 
@@ -37,6 +46,8 @@ def check_registered() -> None:
         missing.append("cpu platform")
     if HF_ROLLOUT not in RolloutReplicaRegistry._registry:
         missing.append("hf rollout")
+    if RolloutReplicaRegistry._registry.get(VLLM_ROLLOUT) is not _load_vllm_replica:
+        missing.append("vllm rollout")
     if TRAINER_MODE not in TRAINER_REGISTRY:
         missing.append("verl_ext trainer")
     if missing:

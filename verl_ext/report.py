@@ -14,6 +14,7 @@ COLUMNS = [
     ("resp_len", "response_length/mean", "{:>8.1f}"),
     ("step_s", "timing_s/step", "{:>7.1f}"),
     ("gen_s", "timing_s/gen", "{:>6.1f}"),
+    ("engine_s", "rollout/engine_s", "{:>8.2f}"),
     ("old_lp_s", "timing_s/old_log_prob", "{:>8.2f}"),
     ("ref_s", "timing_s/ref", "{:>6.2f}"),
     ("update_s", "timing_s/update_actor", "{:>8.2f}"),

@@ -39,6 +39,15 @@ class VerlExtTrainer(PPOTrainerSync):
         self._prompt_position: dict[str, int] = {}  # uid -> order in which the dataloader produced it
         self._prompt_counter = itertools.count()
 
+    def _build_replay_buffer(self):
+        # verl polls its replay buffer every 2 s while a step's rollouts finish: on a small job that rounds every
+        # rollout up to a 2 s tick. trainer.v1.sampler.poll_interval (seconds) sets the tick.
+        replay_buffer = super()._build_replay_buffer()
+        poll_interval = self.config.trainer.v1.sampler.get("poll_interval")
+        if poll_interval is not None:
+            replay_buffer.poll_interval = float(poll_interval)
+        return replay_buffer
+
     def _init_resource_pool_mgr(self):
         super()._init_resource_pool_mgr()
         for role in self.role_worker_mapping:
@@ -102,16 +111,25 @@ class VerlExtTrainer(PPOTrainerSync):
         samples = self.config.data.train_batch_size * self.config.actor_rollout_ref.rollout.n
         if metrics.get("timing_s/gen"):
             out["rollout/tokens_per_s"] = metrics["response_length/mean"] * samples / metrics["timing_s/gen"]
-        per_server = ray.get([s.speculation_metrics.remote() for s in self._hf_servers()])
-        per_server = [m for m in per_server if m]
-        if per_server:
-            out.update(_merge_speculation_metrics(per_server))
+        per_server = ray.get([s.rollout_metrics.remote() for s in self._verl_ext_servers()])
+        timed = [m for m in per_server if "rollout/engine_s" in m]  # the HF engine times itself; vLLM does not
+        if timed:
+            # replicas decode in parallel: the step waits for the slowest one
+            engine_s = max(m["rollout/engine_s"] for m in timed)
+            tokens = sum(m["rollout/engine_tokens"] for m in timed)
+            out["rollout/engine_s"] = engine_s
+            out["rollout/engine_tokens_per_s"] = tokens / engine_s if engine_s > 0 else 0.0
+        with_speculation = [m for m in per_server if any(k.startswith("rollout/spec/") for k in m)]
+        if with_speculation:
+            out.update(_merge_speculation_metrics(with_speculation))
         return out
 
-    def _hf_servers(self) -> list:
-        if self.config.actor_rollout_ref.rollout.name != "hf":
+    def _verl_ext_servers(self) -> list:
+        """First server of each replica: verl_ext's HF and vLLM servers answer rollout_metrics and
+        speculation_state (a vLLM replica's other servers are headless nodes of the same engine)."""
+        if self.config.actor_rollout_ref.rollout.name not in ("hf", "vllm"):
             return []
-        return [server for replica in self.llm_server_manager.get_replicas() for server in replica.servers]
+        return [replica.servers[0] for replica in self.llm_server_manager.get_replicas()]
 
     # ---- checkpoints --------------------------------------------------------------------------------------
 
@@ -128,7 +146,7 @@ class VerlExtTrainer(PPOTrainerSync):
             self._load_speculation_state(os.path.join(folder, SPECULATION_STATE_DIR))
 
     def _save_speculation_state(self, directory: str) -> None:
-        states = ray.get([s.speculation_state.remote() for s in self._hf_servers()])
+        states = ray.get([s.speculation_state.remote() for s in self._verl_ext_servers()])
         if not any(state is not None for state in states):
             return
         os.makedirs(directory, exist_ok=True)
@@ -137,7 +155,7 @@ class VerlExtTrainer(PPOTrainerSync):
                 pickle.dump(state, f)
 
     def _load_speculation_state(self, directory: str) -> None:
-        servers = self._hf_servers()
+        servers = self._verl_ext_servers()
         for rank, server in enumerate(servers):
             path = os.path.join(directory, f"replica_{rank}.pkl")
             if os.path.exists(path):

@@ -38,6 +38,7 @@ def run_rollout(spec: Speculator, table: torch.Tensor, prompts: list[list[int]],
     while active:
         requests = [DraftRequest(s.seq_id, s.key, s.prompt, s.output) for s in active]
         drafts = spec.propose(requests, limits=[max_new - len(s.output) - 1 for s in active])
+        spec.overlap(lambda: False)  # as the engine does after launching the forward: a device that is slow
         draft_tokens, num_draft = pad_drafts(drafts)
         last2 = torch.tensor([(s.prompt + s.output)[-2:] for s in active])
         logits = trigram_logits(table, torch.cat([last2, draft_tokens], dim=1))

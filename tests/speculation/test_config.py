@@ -12,6 +12,7 @@ from verl_ext.speculation.factory import DRAFTERS, build_drafter
     ({"cache_max_tokens": 0}, ["cache_max_tokens=0", ">= 1"]),
     ({"adaptive_ema_decay": 1.0}, ["adaptive_ema_decay=1.0", "[0, 1)"]),
     ({"verify_cost_table": ((8, 0.5),)}, ["verify_cost_table", "ratio >= 1.0"]),
+    ({"prefetch": "yes"}, ["prefetch='yes'", "true, false or auto"]),
 ])
 def test_config_errors_name_field_value_and_fix(kwargs, words):
     with pytest.raises(ValueError) as err:
@@ -23,6 +24,17 @@ def test_config_errors_name_field_value_and_fix(kwargs, words):
 def test_config_defaults_are_valid_and_every_method_builds():
     for method in DRAFTERS:
         assert build_drafter(SpeculationConfig(method=method)).propose([], []) == []
+
+
+@pytest.mark.parametrize("prefetch, method, device, expected", [
+    ("auto", "ngram_rl", "cpu", False),  # the thread would compete with the forward for the CPU
+    ("auto", "ngram_rl", "cuda", True),
+    (True, "ngram_rl", "cpu", True),
+    (False, "ngram_rl", "cuda", False),
+    (True, "none", "cuda", False),
+])
+def test_prefetch_follows_setting_and_device(prefetch, method, device, expected):
+    assert SpeculationConfig(method=method, prefetch=prefetch).uses_prefetch(device) is expected
 
 
 @pytest.mark.parametrize("params, words", [

@@ -1,5 +1,6 @@
 """Prefetch never changes outputs: same drafts and tokens as synchronous drafting, with hits counted."""
 
+import inspect
 import logging
 import threading
 
@@ -13,8 +14,11 @@ PROMPTS = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
 CONFIG = dict(min_match=1, max_match=4)
 
 
-def speculator(prefetch, drafter=None, interrupt=False):
-    config = SpeculationConfig(prefetch=prefetch, **CONFIG)
+WORKERS = ["overlap", "thread"]
+
+
+def speculator(prefetch, drafter=None, interrupt=False, worker="overlap"):
+    config = SpeculationConfig(prefetch=prefetch, prefetch_worker=worker, **CONFIG)
     spec = Speculator(config, drafter=drafter)
     if prefetch:
         spec.prefetcher.interrupt_on_collect = interrupt
@@ -30,9 +34,10 @@ def epochs(spec, table, toy_rollout, count=3):
     return outputs, metrics
 
 
-def test_prefetch_outputs_identical_and_coverage_counted(toy_table, toy_rollout):
+@pytest.mark.parametrize("worker", WORKERS)
+def test_prefetch_outputs_identical_and_coverage_counted(worker, toy_table, toy_rollout):
     sync_out, sync_metrics = epochs(speculator(False), toy_table, toy_rollout)
-    pre_out, pre_metrics = epochs(speculator(True), toy_table, toy_rollout)
+    pre_out, pre_metrics = epochs(speculator(True, worker=worker), toy_table, toy_rollout)
     assert pre_out == sync_out
     for sync, pre in zip(sync_metrics, pre_metrics):
         # Same drafts step by step: identical drafted/accepted counts and cache contents.
@@ -43,9 +48,10 @@ def test_prefetch_outputs_identical_and_coverage_counted(toy_table, toy_rollout)
     assert pre_metrics[-1].accepted_tokens_per_forward > 1.5
 
 
-def test_prefetch_with_interrupted_worker_still_identical(toy_table, toy_rollout):
+@pytest.mark.parametrize("worker", WORKERS)
+def test_prefetch_with_interrupted_worker_still_identical(worker, toy_table, toy_rollout):
     # Timing decides which outcomes are ready; outputs must not depend on it.
-    assert epochs(speculator(True, interrupt=True), toy_table, toy_rollout, 2)[0] == \
+    assert epochs(speculator(True, interrupt=True, worker=worker), toy_table, toy_rollout, 2)[0] == \
         epochs(speculator(False), toy_table, toy_rollout, 2)[0]
 
 
@@ -55,16 +61,23 @@ class FlakyDrafter(NgramRLDrafter):
     calls = 0
 
     def propose(self, requests, budgets):
-        if threading.current_thread().name.startswith("draft-prefetch"):
+        if _in_prefetch_worker():
             self.calls += 1
             if self.calls % 3 == 0:
                 raise RuntimeError("boom")
         return super().propose(requests, budgets)
 
 
-def test_worker_failure_falls_back_with_identical_outputs(toy_table, toy_rollout, caplog):
+def _in_prefetch_worker() -> bool:
+    if threading.current_thread().name.startswith("draft-prefetch"):
+        return True
+    return any(frame.function == "_work" and "prefetch" in frame.filename for frame in inspect.stack()[1:6])
+
+
+@pytest.mark.parametrize("worker", WORKERS)
+def test_worker_failure_falls_back_with_identical_outputs(worker, toy_table, toy_rollout, caplog):
     config = SpeculationConfig(**CONFIG)
-    spec = speculator(True, drafter=FlakyDrafter(config))
+    spec = speculator(True, drafter=FlakyDrafter(config), worker=worker)
     with caplog.at_level(logging.WARNING, logger="verl_ext.speculation.prefetch"):
         flaky_out, _ = epochs(spec, toy_table, toy_rollout, 2)
     assert flaky_out == epochs(speculator(False), toy_table, toy_rollout, 2)[0]
@@ -119,3 +132,31 @@ def test_prefetch_identical_for_other_drafters(method, toy_table, toy_rollout):
             spec.prefetcher.interrupt_on_collect = False
         return epochs(spec, toy_table, toy_rollout, 2)[0]
     assert run(True) == run(False)
+
+
+def test_outcome_ending_in_a_token_the_history_never_continues_is_a_known_empty_draft():
+    drafter = build_drafter(SpeculationConfig(**CONFIG))
+    key = prompt_key(PROMPTS[0])
+    drafter.observe(key, PROMPTS[0], [1, 2, 3, 4])
+    prefetcher = DraftPrefetcher(drafter, candidates=1, interrupt_on_collect=False)
+    prefetcher.submit([DraftRequest(0, key, PROMPTS[0], [1])], [[2, 3]])
+    after = DraftRequest(0, key, PROMPTS[0], [1, 2, 99])  # 1 accepted, then a token never seen before
+    assert prefetcher.collect([after], [8]) == drafter.propose([after], [8]) == [[]]
+    assert prefetcher.stats.hits == 1 and prefetcher.stats.coverage == 1.0
+    prefetcher.close()
+
+
+def test_ngram_rl_outcome_counts_rank_like_per_outcome_lookups():
+    # The one-match shortcut and the generic per-prefix lookup agree on which next token is most likely.
+    drafter = build_drafter(SpeculationConfig(**CONFIG))
+    key = prompt_key(PROMPTS[0])
+    for response in ([1, 2, 3, 4, 5], [1, 2, 3, 4, 6], [1, 2, 3, 7, 8]):
+        drafter.observe(key, PROMPTS[0], response)
+    request = DraftRequest(0, key, PROMPTS[0], [1])
+    draft = drafter.propose([request], [8])[0]
+    fast = drafter.outcome_counts(request, draft)
+    generic = [drafter.next_token_counts(request.extended(draft[:a])) for a in range(len(draft) + 1)]
+    assert draft[:3] == [2, 3, 4]
+    assert [c[:1] for c in fast] == [c[:1] for c in generic]
+    # after [2, 3]: two responses go on with 4, one with 7; 1 follows 3 elsewhere (the prompt's tail)
+    assert fast[2] == generic[2] == [(4, 2), (7, 1), (1, 0)]

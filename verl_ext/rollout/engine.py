@@ -100,6 +100,8 @@ class HFGenerationEngine:
         rows = [self.rows[h] for h in batch.request_ids]
         drafts, requests = self._propose(batch.request_ids, rows)
         logits = self._forward_step(batch, drafts)  # [B, K+1, V]
+        if self.speculator:
+            self.speculator.overlap(_device_done(self.device))  # next drafts while the device verifies
         draft_tokens, num_draft = pad_drafts(drafts)
         result = self._verify(logits, draft_tokens, num_draft, rows)
         if self.speculator:
@@ -248,6 +250,15 @@ class HFGenerationEngine:
         if self.batch is not None and self.batch.hole_fraction() > _COMPACT_HOLE_FRACTION:
             self.batch.compact()
         return finished
+
+
+def _device_done(device: torch.device):
+    """A callable that says whether the work launched so far on `device` has finished."""
+    if device.type != "cuda":
+        return lambda: True  # CPU ops run synchronously: done as soon as they return
+    event = torch.cuda.Event()
+    event.record()
+    return event.query
 
 
 def _finish_if_done(row: RowState) -> Optional[GenerationResult]:

@@ -12,6 +12,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -52,13 +53,15 @@ class HFRolloutServer:
             self.model,
             pad_token_id=_pad_token_id(model_config),
             seed=config.seed + replica_rank,
-            speculator=build_speculator(config),
+            speculator=build_speculator(config, self.device.type),
         )
         self.trace = RolloutTrace.from_config(config, replica_rank)
         self._lock = threading.Lock()  # engine state and weights
         self._inbox: "queue.Queue[_Pending]" = queue.Queue()
         self._waiting: dict[int, _Pending] = {}
         self._accepting = True
+        self._busy_s = 0.0  # engine time (admission, prefill, decode) since the last rollout_metrics()
+        self._tokens = 0  # tokens delivered since then
         threading.Thread(target=self._decode_loop, name="hf-rollout-decode", daemon=True).start()
 
     # ---- verl's server API --------------------------------------------------------------------------------
@@ -136,11 +139,9 @@ class HFRolloutServer:
     def get_server_address(self) -> tuple[str, int]:
         return "127.0.0.1", 0  # token-in/token-out through the actor handle only; no HTTP endpoint
 
-    async def speculation_metrics(self) -> dict[str, float]:
-        """Speculation counters since the last call (empty when speculation is off)."""
-        if self.engine.speculator is None:
-            return {}
-        return await asyncio.to_thread(self._locked, lambda: self.engine.speculator.take_metrics().as_dict())
+    async def rollout_metrics(self) -> dict[str, float]:
+        """Engine time and tokens since the last call, plus the speculation counters when speculation is on."""
+        return await asyncio.to_thread(self._locked, self._take_metrics)
 
     async def speculation_state(self) -> Optional[dict]:
         """The drafter's history, for verl checkpoints."""
@@ -158,11 +159,16 @@ class HFRolloutServer:
         while True:
             try:
                 if not self.engine.has_work:
-                    self._admit([self._inbox.get()])  # block until there is something to do
+                    first = [self._inbox.get()]  # block until there is something to do
+                    self._busy_s -= time.perf_counter()
+                    self._admit(first)
+                    self._busy_s += time.perf_counter()
+                start = time.perf_counter()
                 self._admit(self._drain_inbox())
                 with self._lock:
                     finished = self.engine.step() if self.engine.has_work else {}
                 self._deliver(finished)
+                self._busy_s += time.perf_counter() - start
             except Exception as error:  # noqa: BLE001 -- every waiting caller gets it; the loop survives
                 logger.exception("HF rollout step failed; failing its requests")
                 self._fail_all(error)
@@ -192,6 +198,7 @@ class HFRolloutServer:
     def _deliver(self, finished: dict[int, GenerationResult]) -> None:
         for handle, result in finished.items():
             pending = self._waiting.pop(handle)
+            self._tokens += len(result.token_ids)
             if self.trace is not None:
                 self.trace.write(self.global_steps, pending.request.prompt_ids, result.token_ids)
             pending.loop.call_soon_threadsafe(_resolve, pending.future, result)
@@ -210,6 +217,13 @@ class HFRolloutServer:
                 raise KeyError(f"weights {unknown[:5]} from the actor do not exist in the rollout model.")
             for name, tensor in named_tensors:
                 state[name].data.copy_(tensor)
+
+    def _take_metrics(self) -> dict[str, float]:
+        metrics = {"rollout/engine_s": self._busy_s, "rollout/engine_tokens": float(self._tokens)}
+        self._busy_s, self._tokens = 0.0, 0
+        if self.engine.speculator is not None:
+            metrics.update(self.engine.speculator.take_metrics().as_dict())
+        return metrics
 
     def _move_model(self, device: torch.device) -> None:
         self._locked(lambda: self.model.to(device))

@@ -27,6 +27,6 @@ def build_speculation_config(rollout_config) -> Optional[SpeculationConfig]:
     return None if config.method == "none" else config
 
 
-def build_speculator(rollout_config) -> Optional[Speculator]:
+def build_speculator(rollout_config, device_type: str = "cpu") -> Optional[Speculator]:
     config = build_speculation_config(rollout_config)
-    return Speculator(config) if config is not None else None
+    return Speculator(config, device_type=device_type) if config is not None else None

@@ -24,11 +24,19 @@ def _fail(field: str, value: Any, fix: str) -> None:
 class SpeculationConfig:
     method: SpeculationMethod = "ngram_rl"
     num_draft_tokens: int = MAX_DRAFT_TOKENS  # draft budget per sequence and step, 1..MAX_DRAFT_TOKENS
-    min_match: int = 2  # shortest context suffix (n-gram) that may seed a draft
+    # Defaults measured by benchmarks/ngram_rollout.py's offline replay on a demo run (final 30% of 30 steps):
+    # ngram_rl at min_match 1 / 32 responses per prompt 5.3 accepted tokens per forward, at 2 / 16 4.7.
+    min_match: int = 1  # shortest context suffix (n-gram) that may seed a draft
     max_match: int = 8  # longest context suffix compared against the history
     cache_max_tokens: int = 4_000_000  # bound on tokens held by the history cache, all prompts together
-    max_responses_per_prompt: int = 16  # ngram_rl: per-prompt FIFO of recent responses
-    prefetch: bool = True  # prepare the next drafts in a background thread while verification runs
+    max_responses_per_prompt: int = 32  # ngram_rl: per-prompt FIFO of recent responses (4 epochs at n=8)
+    # Prepare the next drafts in a background thread while verification runs. "auto": on when the engine
+    # runs on an accelerator; off on CPU, where the thread competes with the forward for the same cores and
+    # for the GIL (benchmarks/ngram_rollout.py measures async against synchronous drafting).
+    prefetch: bool | str = "auto"
+    # "overlap": draft on the engine's thread while the device runs the verification forward (never competes
+    # with it); "thread": in a background thread, which a Python-bound forward feels through the GIL.
+    prefetch_worker: str = "overlap"
     prefetch_candidates: int = 16  # outcomes (accepted count, next token) prefetched per sequence
     # Per-sequence draft length from an EMA of acceptance and a verification-cost table (adaptive.py).
     adaptive: bool = True
@@ -42,6 +50,10 @@ class SpeculationConfig:
     suffix_max_spec_factor: float = 1.0  # draft length <= factor * match length
 
     def __post_init__(self) -> None:
+        if self.prefetch not in (True, False, "auto"):
+            _fail("prefetch", self.prefetch, "use true, false or auto (on with an accelerator, off on CPU).")
+        if self.prefetch_worker not in ("overlap", "thread"):
+            _fail("prefetch_worker", self.prefetch_worker, "use overlap or thread.")
         if self.method not in get_args(SpeculationMethod):
             _fail("method", self.method, f"choose one of {list(get_args(SpeculationMethod))}.")
         if not 1 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS:
@@ -67,6 +79,12 @@ class SpeculationConfig:
         if not self.verify_cost_table or any(b < 1 or r < 1.0 for b, r in self.verify_cost_table):
             _fail("verify_cost_table", self.verify_cost_table,
                   "give (batch_size >= 1, cost ratio >= 1.0) pairs, e.g. ((1, 1.9), (128, 3.6)).")
+
+    def uses_prefetch(self, device_type: str = "cpu") -> bool:
+        """Whether the engine, running on `device_type`, drafts ahead in the background thread."""
+        if self.method == "none" or self.prefetch is False:
+            return False
+        return self.prefetch is True or device_type != "cpu"
 
     def _check_positive(self, *fields: str) -> None:
         for field in fields:

@@ -30,12 +30,14 @@ from verl_ext.speculation.prefetch import DraftPrefetcher
 
 class Speculator:
     def __init__(self, config: SpeculationConfig, drafter: Drafter | None = None,
-                 prefetcher: DraftPrefetcher | None = None):
+                 prefetcher: DraftPrefetcher | None = None, device_type: str = "cpu"):
         self.config = config
         self.drafter = drafter if drafter is not None else build_drafter(config)
-        use_prefetch = config.prefetch and config.method != "none"
-        self.prefetcher = prefetcher or (DraftPrefetcher(self.drafter, config.prefetch_candidates,
-                                                         config.num_draft_tokens) if use_prefetch else None)
+        use_prefetch = config.uses_prefetch(device_type)
+        if prefetcher is None and use_prefetch:
+            prefetcher = DraftPrefetcher(self.drafter, config.prefetch_candidates, config.num_draft_tokens,
+                                         threaded=config.prefetch_worker == "thread")
+        self.prefetcher = prefetcher
         self.lengths = AdaptiveDraftLength.from_config(config)
         self._metrics = SpecMetrics()
         self._prefetch_seen = (0, 0)  # prefetcher (lookups, hits) already reported
@@ -52,6 +54,11 @@ class Speculator:
         drafts = self.prefetcher.collect(requests, budgets)
         self.prefetcher.submit(requests, drafts)
         return drafts
+
+    def overlap(self, device_done) -> None:
+        """Right after the verification forward is launched: prefetch until device_done() says it finished."""
+        if self.prefetcher is not None:
+            self.prefetcher.overlap(device_done)
 
     def record(self, requests: Sequence[DraftRequest], drafts: Sequence[Sequence[int]],
                num_accepted: Sequence[int]) -> None:

@@ -93,6 +93,19 @@ class Drafter(ABC):
         """
         return []
 
+    def outcome_counts(self, request: DraftRequest, draft: Sequence[int]) -> list[list[tuple[int, int]]]:
+        """For a in 0..len(draft): next_token_counts after the first a draft tokens are accepted.
+
+        Ranks the outcomes the prefetcher drafts for; never affects outputs. Drafters with a cheaper way to
+        see all of them at once override it.
+        """
+        return [self.next_token_counts(request.extended(draft[:a])) for a in range(len(draft) + 1)]
+
+    def draft_start_tokens(self, prompt_key: int) -> frozenset[int] | None:
+        """Tokens after which this drafter can draft anything for the prompt: a context ending in any other
+        token gets an empty draft. None when the drafter cannot tell (it drafts from the request itself)."""
+        return None
+
     def version(self, prompt_key: int) -> int:
         return 0
 

@@ -1,0 +1,162 @@
+"""The ngram_rl proposer's bookkeeping, driven as vLLM's model runner drives it, on real verl_ext drafters.
+
+vLLM does not install on CPU: its InputBatch and model runner are replaced by plain stand-ins of their data
+shape (tests/vllm_standins.py); everything of ours is the real thing. Each step sets the batch rows, then calls
+``propose`` as vLLM's ``custom_class`` branch does (sampled tokens, num_tokens_no_spec, token_ids_cpu).
+"""
+
+import pytest
+from vllm_standins import InputBatchStandIn, RunnerStandIn, vllm_config_standin
+
+from verl_ext.speculation import SpeculationConfig, prompt_key
+from verl_ext.vllm.engine_args import drafter_settings
+from verl_ext.vllm.proposer import NgramRLProposer
+
+P, Q = [1, 2, 3], [4, 5, 6]  # two prompts
+R = [10, 11, 12, 13, 14, 15, 16]  # a response to P
+MAX_MODEL_LEN = 64
+
+
+class Engine:
+    """One proposer and the stand-ins it reads; ``step`` is one model-runner step."""
+
+    def __init__(self, num_draft_tokens=4, num_speculative_tokens=16, max_model_len=MAX_MODEL_LEN):
+        self.proposer = NgramRLProposer(vllm_config_standin(num_speculative_tokens, max_model_len))
+        self.runner = RunnerStandIn(InputBatchStandIn(max_model_len))
+        settings = drafter_settings(SpeculationConfig(method="ngram_rl", num_draft_tokens=num_draft_tokens))
+        self.proposer.attach(self.runner, settings)
+
+    def step(self, rows, live=None, sampled=None, resubmitted=()):
+        """rows: (request id, prompt, output so far); live: request ids vLLM holds (default: the rows');
+        resubmitted: ids that name a new request from this step on (vLLM gives it a new state object)."""
+        batch = self.runner.input_batch
+        batch.set_rows(rows)
+        held = self.runner.requests
+        live = live if live is not None else [r[0] for r in rows]
+        self.runner.requests = {r: object() if r in resubmitted else held.get(r, object()) for r in live}
+        sampled = sampled if sampled is not None else [[out[-1]] if out else [7] for _, _, out in rows]
+        return self.proposer.propose(sampled, batch.num_tokens_no_spec, batch.token_ids_cpu)
+
+    @property
+    def cached_responses(self) -> int:
+        return self.proposer.book.drafter.stats.cached_responses
+
+
+def test_finished_response_drafts_for_same_prompt_only():
+    # a row is keyed by its prompt's tokens: b (prompt P) drafts from a's response, c (prompt Q) does not
+    engine = Engine()
+    assert engine.step([("a", P, R), ("b", P, [10, 11]), ("c", Q, [10, 11])]) == [[], [], []]
+    drafts = engine.step([("b", P, [10, 11, 12]), ("c", Q, [10, 11, 12])])  # a finished: vLLM dropped it
+    assert drafts == [[13, 14, 15, 16], []]
+
+
+def test_next_rollout_of_a_prompt_drafts_from_the_previous_ones():
+    # requests of a later training step (new ids, same prompt) draft from what earlier steps produced
+    engine = Engine()
+    engine.step([("a", P, R)])
+    engine.step([("x", Q, [9])])
+    assert engine.step([("d", P, [10])]) == [[11, 12, 13, 14]]
+
+
+def test_draft_is_clipped_to_the_budget():
+    # min(num_draft_tokens, num_speculative_tokens) tokens at most
+    engine = Engine(num_draft_tokens=2)
+    engine.step([("a", P, R)])
+    assert engine.step([("b", P, [10])]) == [[11, 12]]
+    capped = Engine(num_draft_tokens=8, num_speculative_tokens=3)
+    capped.step([("a", P, R)])
+    assert capped.step([("b", P, [10])]) == [[11, 12, 13]]
+
+
+def test_draft_stops_before_max_model_len():
+    # a row with n tokens gets at most max_model_len - n - 1 drafts (room for the bonus token)
+    engine = Engine(max_model_len=9)
+    engine.step([("a", P, R[:5])])
+    assert engine.step([("b", P, [10, 11])]) == [[12, 13, 14]]
+    assert engine.step([("b", P, [10, 11, 12, 13])]) == [[14]]
+    assert engine.step([("b", P, [10, 11, 12, 13, 14])]) == [[]]
+
+
+def test_prefilling_row_gets_no_draft():
+    # an empty sampled_token_ids entry is a prompt still being prefilled: nothing to continue yet
+    engine = Engine()
+    engine.step([("a", P, R)])
+    assert engine.step([("b", P, [10]), ("c", P, [])], sampled=[[10], []]) == [[11, 12, 13, 14], []]
+
+
+def test_paused_request_is_not_fed_and_resumes_where_it_was():
+    # out of the batch but still held by vLLM (preempted, unscheduled): not finished, no history yet
+    engine = Engine()
+    engine.step([("a", P, R[:3]), ("b", P, [10])])
+    assert engine.step([("b", P, [10, 11])], live={"a", "b"}) == [[]]
+    assert engine.step([("a", P, R), ("b", P, [10, 11, 12])]) == [[], []]  # a is back with all its tokens
+    # a finished: the whole response feeds the history, once
+    assert engine.step([("b", P, [10, 11, 12, 13])]) == [[14, 15, 16]]
+    assert engine.cached_responses == 1
+
+
+def test_each_request_feeds_the_history_once():
+    engine = Engine()
+    engine.step([("a", P, R), ("b", P, R)])
+    for _ in range(3):
+        engine.step([("c", Q, [9])])
+    assert engine.cached_responses == 2
+
+
+def test_request_that_produced_nothing_is_not_fed():
+    # aborted before its first token: no response to learn from
+    engine = Engine()
+    engine.step([("a", P, [])], sampled=[[]])
+    engine.step([("c", Q, [9])])
+    assert engine.cached_responses == 0
+
+
+def test_reused_request_id_is_a_new_request():
+    # vLLM treats a resubmitted id as a new request; a row whose prompt changed is re-keyed
+    engine = Engine()
+    engine.step([("x", P, R)])
+    assert engine.step([("a", P, [10, 11])]) == [[12, 13, 14, 15]]
+    assert engine.step([("a", Q, [10, 11, 12])], resubmitted={"a"}) == [[]]
+    assert engine.cached_responses == 2  # the first "a" finished: its response is in
+
+
+def test_rows_reordered_between_steps():
+    # vLLM condenses and reorders rows: requests are followed by id, not by row
+    engine = Engine()
+    engine.step([("x", P, R)])
+    engine.step([("a", P, [10]), ("c", Q, [9])])
+    assert engine.step([("c", Q, [9, 9]), ("a", P, [10, 11])]) == [[], [12, 13, 14, 15]]
+
+
+def test_history_keys_are_prompt_keys():
+    # the same key as the HF engine's, so a checkpointed history serves either engine
+    engine = Engine()
+    engine.step([("a", P, R)])
+    engine.step([("c", Q, [9])])
+    assert engine.proposer.book.drafter.cache.history(prompt_key(P)) is not None
+    assert engine.proposer.book.drafter.cache.history(prompt_key(Q)) is None
+
+
+def test_state_round_trip():
+    engine = Engine()
+    engine.step([("a", P, R)])
+    engine.step([("c", Q, [9])])
+    restored = Engine()
+    restored.proposer.load_state_dict(engine.proposer.state_dict())
+    assert restored.proposer.cache_tokens == engine.proposer.cache_tokens > 0
+    assert restored.step([("b", P, [10])]) == engine.step([("b", P, [10])]) == [[11, 12, 13, 14]]
+
+
+def test_proposer_drafts_nothing_until_attached():
+    proposer = NgramRLProposer(vllm_config_standin(4, MAX_MODEL_LEN))
+    batch = InputBatchStandIn(MAX_MODEL_LEN)
+    batch.set_rows([("a", P, [10])])
+    assert proposer.propose([[10]], batch.num_tokens_no_spec, batch.token_ids_cpu) == [[]]
+    assert proposer.state_dict() is None and proposer.cache_tokens == 0
+
+
+def test_attach_refuses_another_method():
+    proposer = NgramRLProposer(vllm_config_standin(4, MAX_MODEL_LEN))
+    settings = drafter_settings(SpeculationConfig(method="prompt_lookup"))
+    with pytest.raises(ValueError, match="ngram_rl"):
+        proposer.attach(RunnerStandIn(InputBatchStandIn(MAX_MODEL_LEN)), settings)

@@ -1,0 +1,99 @@
+"""``rollout.custom.speculation`` -> vLLM 0.24.0's ``speculative_config``, and the start-up check of a vLLM rollout.
+
+vLLM verifies every method's drafts with its rejection sampler (``vllm/v1/sample/rejection_sampler.py``):
+a draft token is a point mass, accepted with the target probability, else resampled from the residual, which
+is the rule of ``verl_ext.speculation.verifier``; so outputs follow the policy whichever method drafts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from verl_ext.speculation import SpeculationConfig
+
+NGRAM_RL_PROPOSER = "verl_ext.vllm.proposer.NgramRLProposer"
+
+# The settings each method reads under rollout.name=vllm; the rest (prefetch, adaptive, ...) drive verl_ext's
+# HF engine only and are refused when given, so that no key silently does nothing.
+VLLM_SETTINGS: dict[str, frozenset[str]] = {
+    "none": frozenset({"method"}),
+    "prompt_lookup": frozenset({"method", "num_draft_tokens", "min_match", "max_match"}),
+    "suffix": frozenset({"method", "num_draft_tokens", "max_match", "suffix_max_requests", "suffix_min_token_prob",
+                         "suffix_max_spec_factor"}),
+    "ngram_rl": frozenset({"method", "num_draft_tokens", "min_match", "max_match", "cache_max_tokens",
+                           "max_responses_per_prompt"}),
+}
+
+
+def _prompt_lookup(config: SpeculationConfig) -> dict[str, Any]:
+    # vLLM's NgramProposer: longest suffix match of min..max tokens inside the request's own prompt + output.
+    return {"method": "ngram", "prompt_lookup_min": config.min_match, "prompt_lookup_max": config.max_match}
+
+
+def _suffix(config: SpeculationConfig) -> dict[str, Any]:
+    # arctic-inference's tree depth bounds match length + draft length together.
+    return {
+        "method": "suffix",
+        "suffix_decoding_max_tree_depth": config.max_match + config.num_draft_tokens,
+        "suffix_decoding_max_cached_requests": config.suffix_max_requests,
+        "suffix_decoding_min_token_prob": config.suffix_min_token_prob,
+        "suffix_decoding_max_spec_factor": config.suffix_max_spec_factor,
+    }
+
+
+def _ngram_rl(config: SpeculationConfig) -> dict[str, Any]:
+    # The remaining settings reach the proposer with its model runner (drafter_settings, worker_extension).
+    return {"method": "custom_class", "model": NGRAM_RL_PROPOSER}
+
+
+_TRANSLATIONS: dict[str, Callable[[SpeculationConfig], dict[str, Any]]] = {
+    "prompt_lookup": _prompt_lookup,
+    "suffix": _suffix,
+    "ngram_rl": _ngram_rl,
+}
+
+
+def vllm_speculative_config(config: SpeculationConfig | None) -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` engine arg for these settings; None when speculation is off."""
+    if config is None or config.method == "none":
+        return None
+    return {**_TRANSLATIONS[config.method](config), "num_speculative_tokens": config.num_draft_tokens}
+
+
+def drafter_settings(config: SpeculationConfig) -> dict[str, Any]:
+    """What the ngram_rl proposer is built from inside vLLM's worker (plain values: it travels by RPC)."""
+    return dataclasses.asdict(config)
+
+
+def check_settings(settings: dict) -> None:
+    """Raise ValueError for settings given under rollout.name=vllm that vLLM's route for the method does not read."""
+    method = settings.get("method", SpeculationConfig.method)
+    unread = sorted(set(settings) - VLLM_SETTINGS.get(method, frozenset(settings)))
+    if unread:
+        raise ValueError(
+            f"{unread} would do nothing with rollout.name=vllm, where method={method} reads "
+            f"{sorted(VLLM_SETTINGS[method])} (prefetch, adaptive and the like drive the rollout.name=hf engine); "
+            "remove them."
+        )
+
+
+def check_vllm_rollout(rollout, settings: dict) -> None:
+    """Start-up check of ``actor_rollout_ref.rollout`` (name=vllm) with speculation on; ValueError says the fix."""
+    check_settings(settings)
+    engine_spec = ((rollout.get("engine_kwargs") or {}).get("vllm") or {}).get("speculative_config")
+    if engine_spec:
+        raise ValueError(
+            "rollout.engine_kwargs.vllm.speculative_config is set as well: verl_ext builds it from "
+            "rollout.custom.speculation; keep one of them."
+        )
+    mtp = rollout.get("mtp") or {}
+    if mtp.get("enable") and mtp.get("enable_rollout"):
+        raise ValueError(
+            "actor_rollout_ref.model.mtp.enable_rollout replaces vLLM's speculative_config with MTP; turn one off."
+        )
+    if rollout.get("disable_log_stats", True):
+        raise ValueError(
+            "rollout/spec/* metrics come from vLLM's stat loggers, which rollout.disable_log_stats=true turns off; "
+            "set actor_rollout_ref.rollout.disable_log_stats=false."
+        )

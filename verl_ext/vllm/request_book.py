@@ -1,0 +1,110 @@
+"""Between vLLM's persistent batch and a verl_ext drafter: rows -> prompts, drafts, finished responses -> history.
+
+Pure Python and numpy: the proposer hands it the InputBatch fields below each step, so CPU tests drive it
+with plain arrays. Per step (one ``propose`` call of vLLM's model runner):
+
+    1. requests that left the batch and are no longer live (vLLM popped them from ``runner.requests``:
+       finished or aborted) feed their response to the drafter, before any draft of this step, so the
+       siblings still running draft from it at once; a request that left but is live (preempted, or not
+       scheduled this step) keeps its tokens and picks up where it was when it returns;
+    2. each row's request is looked up by id (and vLLM's state object, which a resubmitted id does not share);
+       a new one is keyed by ``prompt_key`` of its prompt, and each row's output is brought up to date from
+       the row's new tokens (O(new tokens) a step);
+    3. the drafter proposes for every row that sampled this step (an empty ``sampled_token_ids`` row is a
+       prompt still prefilling), each draft clipped to min(num_draft_tokens, tokens left before
+       max_model_len - 1).
+
+Each request feeds the history at most once. The response fed is what the row held at its last step; a
+stop in the middle of that step's accepted drafts leaves its few trailing tokens in (they are the policy's
+own samples, and they only ever follow the stop).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Container, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from verl_ext.speculation import DraftRequest, Drafter, prompt_key
+
+
+@dataclass(frozen=True)
+class BatchRows:
+    """The fields of vLLM's InputBatch (``vllm/v1/worker/gpu_input_batch.py``) a drafter reads.
+
+    Rows 0..len(req_ids)-1 are the batch; the arrays may be longer (vLLM preallocates max_num_reqs rows).
+    """
+
+    req_ids: Sequence[str]  # [num_reqs] request id of each row
+    num_prompt_tokens: np.ndarray  # [>= num_reqs]
+    num_tokens: np.ndarray  # [>= num_reqs] prompt + output tokens so far, drafts excluded (num_tokens_no_spec)
+    token_ids: np.ndarray  # [>= num_reqs, max_model_len] prompt then output of each row
+
+
+@dataclass
+class _Request:
+    handle: object  # vLLM's state object of this request (runner.requests[req_id]): a reused id gets a new one
+    seq_id: int
+    key: int  # prompt_key(prompt)
+    prompt: list[int]  # [prompt_len]
+    output: list[int] = field(default_factory=list)  # [num_generated]
+
+    def as_draft_request(self) -> DraftRequest:
+        return DraftRequest(self.seq_id, self.key, self.prompt, self.output)
+
+
+class RequestBook:
+    def __init__(self, drafter: Drafter, num_draft_tokens: int, max_model_len: int):
+        self.drafter = drafter
+        self.num_draft_tokens = num_draft_tokens
+        self.max_model_len = max_model_len
+        self._requests: dict[str, _Request] = {}  # in the batch, or out of it but live
+        self._seq_ids = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def propose(self, rows: BatchRows, sampled_token_ids: Sequence[Sequence[int]],
+                live: Mapping[str, object]) -> list[list[int]]:
+        """One draft per row (``len(sampled_token_ids)`` rows).
+
+        ``live``: the requests vLLM still holds, id -> its state object (``runner.requests``).
+        """
+        num_rows = len(sampled_token_ids)
+        self.retire(set(rows.req_ids[:num_rows]), live)
+        to_draft: list[tuple[int, _Request, int]] = []  # (row, request, budget)
+        for i in range(num_rows):
+            request, budget = self._sync_row(rows, i, live), self._budget(rows, i)
+            if sampled_token_ids[i] and budget > 0:  # an empty entry is a prompt still prefilling
+                to_draft.append((i, request, budget))
+        proposed = self.drafter.propose([r.as_draft_request() for _, r, _ in to_draft], [b for _, _, b in to_draft])
+        drafts: list[list[int]] = [[] for _ in range(num_rows)]
+        for (i, _, budget), draft in zip(to_draft, proposed):
+            drafts[i] = [int(t) for t in draft[:budget]]
+        return drafts
+
+    def retire(self, in_batch: Container[str], live: Container[str]) -> None:
+        """Feed the history with every tracked request that is neither in the batch nor live."""
+        for req_id in [r for r in self._requests if r not in in_batch and r not in live]:
+            self._finish(self._requests.pop(req_id))
+
+    def _finish(self, request: _Request) -> None:
+        if request.output:
+            self.drafter.observe(request.key, request.prompt, request.output)
+
+    def _sync_row(self, rows: BatchRows, i: int, live: Mapping[str, object]) -> _Request:
+        req_id, handle = rows.req_ids[i], live.get(rows.req_ids[i])
+        num_prompt, num_tokens = int(rows.num_prompt_tokens[i]), int(rows.num_tokens[i])
+        request = self._requests.get(req_id)
+        if request is None or request.handle is not handle:
+            if request is not None:  # the id was finished and resubmitted within one step: a new request
+                self._finish(request)
+            prompt = rows.token_ids[i, :num_prompt].tolist()
+            request = self._requests[req_id] = _Request(handle, next(self._seq_ids), prompt_key(prompt), prompt)
+        request.output.extend(rows.token_ids[i, num_prompt + len(request.output):num_tokens].tolist())
+        return request
+
+    def _budget(self, rows: BatchRows, i: int) -> int:
+        return min(self.num_draft_tokens, self.max_model_len - int(rows.num_tokens[i]) - 1)

@@ -1,0 +1,93 @@
+"""verl 0.9.1's vLLM server and replica, with ``rollout.custom.speculation`` wired in.
+
+Registered under ``rollout.name=vllm`` (``verl_ext.registration``); without speculation settings it behaves as
+verl's own. Through verl's subclass hooks, no patching:
+- ``_preprocess_engine_kwargs``: adds vLLM's ``speculative_config`` built from the settings (engine_args);
+- ``_get_worker_extension_cls``: verl's worker extension plus ours (worker_extension);
+- ``run_server``: once the engine is up, hands the ngram_rl proposer its model runner and settings.
+Like verl_ext's HF server it answers ``rollout_metrics``, ``speculation_state`` and
+``load_speculation_state`` for verl_ext's trainer. Loaded only when a vLLM rollout is built (imports vLLM).
+"""
+
+import functools
+
+import ray
+from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
+
+from verl_ext.rollout.speculator import build_speculation_config
+from verl_ext.vllm.engine_args import drafter_settings, vllm_speculative_config
+from verl_ext.vllm.spec_metrics import VllmSpecTotals, read_totals, spec_metrics
+
+WORKER_EXTENSION = "verl_ext.vllm.worker_extension.VerlExtWorkerExtension"
+
+
+def _vllm_spec_totals() -> VllmSpecTotals:
+    from vllm.v1.metrics.reader import get_metrics_snapshot
+
+    return read_totals(get_metrics_snapshot())
+
+
+def _first_answer(results: list):
+    """collective_rpc answers once per worker; workers without a drafter (earlier pipeline stages) say None."""
+    return next((r for r in results if r is not None), None)
+
+
+class VerlExtvLLMServer(vLLMHttpServer):
+    _spec_seen = VllmSpecTotals()  # vLLM's totals at the last rollout_metrics()
+
+    @functools.cached_property
+    def speculation(self):
+        """verl_ext's SpeculationConfig, or None when speculation is off."""
+        return build_speculation_config(self.config)
+
+    @property
+    def _ngram_rl(self) -> bool:
+        return self.speculation is not None and self.speculation.method == "ngram_rl"
+
+    def _preprocess_engine_kwargs(self, engine_kwargs: dict) -> None:
+        super()._preprocess_engine_kwargs(engine_kwargs)
+        speculative_config = vllm_speculative_config(self.speculation)
+        if speculative_config is not None:
+            engine_kwargs["speculative_config"] = speculative_config
+
+    def _get_worker_extension_cls(self) -> str:
+        return WORKER_EXTENSION
+
+    async def run_server(self, args):
+        await super().run_server(args)
+        if self.speculation is not None:
+            self._spec_seen = _vllm_spec_totals()
+        if self._ngram_rl:
+            settings = drafter_settings(self.speculation)
+            attached = await self.engine.collective_rpc("verl_ext_attach_ngram_rl", kwargs={"settings": settings})
+            if not any(attached):
+                raise RuntimeError("no vLLM worker holds a drafter to attach the ngram_rl history to")
+
+    # ---- for verl_ext's trainer -----------------------------------------------------------------------------
+
+    async def rollout_metrics(self) -> dict[str, float]:
+        """``rollout/spec/*`` since the last call (empty without speculation)."""
+        if self.speculation is None:
+            return {}
+        now = _vllm_spec_totals()
+        delta, self._spec_seen = now.since(self._spec_seen), now
+        cache_tokens = 0
+        if self._ngram_rl:
+            cache_tokens = _first_answer(await self.engine.collective_rpc("verl_ext_ngram_rl_cache_tokens")) or 0
+        return spec_metrics(delta, cache_tokens).as_dict()
+
+    async def speculation_state(self):
+        """The ngram_rl history, for verl checkpoints (None for other methods)."""
+        if not self._ngram_rl:
+            return None
+        return _first_answer(await self.engine.collective_rpc("verl_ext_ngram_rl_state"))
+
+    async def load_speculation_state(self, state: dict) -> None:
+        if self._ngram_rl:
+            await self.engine.collective_rpc("verl_ext_load_ngram_rl_state", kwargs={"state": state})
+
+
+class VerlExtvLLMReplica(vLLMReplica):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.server_class = ray.remote(VerlExtvLLMServer)
