@@ -136,13 +136,13 @@ def plot(curves: dict[str, list[float]], online: list[float], path: Path) -> Non
     fig.savefig(path, dpi=100)
 
 
-def online_metrics(run_dir: Path) -> tuple[list[float], list[float]]:
+def online_metrics(run_dir: Path) -> tuple[list[float], list[float] | None]:
+    """The training run's own ngram_rl curve, and its prefetch coverage (None when prefetch was off)."""
     rows = [json.loads(line)["data"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "rollout/spec/accepted_tokens_per_forward" in r]
-    return (
-        [r["rollout/spec/accepted_tokens_per_forward"] for r in rows],
-        [r["rollout/spec/prefetch_coverage"] for r in rows],
-    )
+    coverage = [r["rollout/spec/prefetch_coverage"] for r in rows]
+    prefetched = any(r.get("rollout/spec/prefetch_lookups", 0) for r in rows)
+    return [r["rollout/spec/accepted_tokens_per_forward"] for r in rows], coverage if prefetched else None
 
 
 def main() -> None:
@@ -164,7 +164,8 @@ def main() -> None:
     for method, values in curves.items():
         print(f"  {method:<14} offline {final_mean(values):6.2f}")
     if online:
-        print(f"  {'ngram_rl':<14} online  {final_mean(online):6.2f}   prefetch coverage {final_mean(coverage):.1%}")
+        prefetch = "prefetch off" if coverage is None else f"prefetch coverage {final_mean(coverage):.1%}"
+        print(f"  {'ngram_rl':<14} online  {final_mean(online):6.2f}   (adaptive draft length; {prefetch})")
     best_other = max(final_mean(curves[m]) for m in DRAFTERS if m != "ngram_rl")
     print(f"  ngram_rl / best other drafter: {final_mean(curves['ngram_rl']) / best_other:.2f}x")
 
