@@ -60,8 +60,8 @@ class HFRolloutServer:
         self._inbox: "queue.Queue[_Pending]" = queue.Queue()
         self._waiting: dict[int, _Pending] = {}
         self._accepting = True
-        self._busy_s = 0.0  # engine time (admission, prefill, decode) since the last rollout_metrics()
-        self._tokens = 0  # tokens delivered since then
+        self._busy_s = 0.0  # engine time (admission, prefill, decode) since the last rollout_metrics(); under _lock
+        self._tokens = 0  # tokens of the requests finished since then; under _lock
         threading.Thread(target=self._decode_loop, name="hf-rollout-decode", daemon=True).start()
 
     # ---- verl's server API --------------------------------------------------------------------------------
@@ -158,17 +158,14 @@ class HFRolloutServer:
     def _decode_loop(self) -> None:
         while True:
             try:
-                if not self.engine.has_work:
-                    first = [self._inbox.get()]  # block until there is something to do
-                    self._busy_s -= time.perf_counter()
-                    self._admit(first)
-                    self._busy_s += time.perf_counter()
+                first = [] if self.engine.has_work else [self._inbox.get()]  # idle: block until there is work
                 start = time.perf_counter()
-                self._admit(self._drain_inbox())
+                self._admit(first + self._drain_inbox())
                 with self._lock:
                     finished = self.engine.step() if self.engine.has_work else {}
+                    self._tokens += sum(len(result.token_ids) for result in finished.values())
+                    self._busy_s += time.perf_counter() - start
                 self._deliver(finished)
-                self._busy_s += time.perf_counter() - start
             except Exception as error:  # noqa: BLE001 -- every waiting caller gets it; the loop survives
                 logger.exception("HF rollout step failed; failing its requests")
                 self._fail_all(error)
@@ -198,7 +195,6 @@ class HFRolloutServer:
     def _deliver(self, finished: dict[int, GenerationResult]) -> None:
         for handle, result in finished.items():
             pending = self._waiting.pop(handle)
-            self._tokens += len(result.token_ids)
             if self.trace is not None:
                 self.trace.write(self.global_steps, pending.request.prompt_ids, result.token_ids)
             pending.loop.call_soon_threadsafe(_resolve, pending.future, result)
