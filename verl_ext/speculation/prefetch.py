@@ -1,4 +1,4 @@
-"""Draft the next step in a background thread while the policy verifies this one.
+"""Draft the next step while the policy verifies this one (on the host, during the device's forward).
 
 After verification a sequence has accepted a of its k drafted tokens and emitted one more token t, so its
 next context is context + draft[:a] + [t]. While the forward runs, a worker enumerates likely outcomes
@@ -56,7 +56,8 @@ class PrefetchStats:
 
 
 class DraftPrefetcher:
-    """submit(requests, drafts) right before the verification forward; collect(requests, budgets) after it."""
+    """submit(requests, drafts) right before the verification forward; overlap(device_done) right after launching
+    it (overlap worker); collect(requests, budgets) after it."""
 
     def __init__(self, drafter: Drafter, candidates: int = 16, max_budget: int = MAX_DRAFT_TOKENS,
                  interrupt_on_collect: bool = True, threaded: bool = False):
