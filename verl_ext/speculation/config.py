@@ -30,9 +30,9 @@ class SpeculationConfig:
     max_match: int = 8  # longest context suffix compared against the history
     cache_max_tokens: int = 4_000_000  # bound on tokens held by the history cache, all prompts together
     max_responses_per_prompt: int = 32  # ngram_rl: per-prompt FIFO of recent responses (4 epochs at n=8)
-    # Prepare the next drafts in a background thread while verification runs. "auto": on when the engine
-    # runs on an accelerator; off on CPU, where the thread competes with the forward for the same cores and
-    # for the GIL (benchmarks/ngram_rollout.py measures async against synchronous drafting).
+    # Prepare the next drafts while the device runs verification (prefetch.py). "auto": on when the engine runs
+    # on an accelerator; off on CPU, where the forward runs on the same cores and nothing can overlap it
+    # (benchmarks/ngram_rollout.py measures prefetch against synchronous drafting).
     prefetch: bool | str = "auto"
     # "overlap": draft on the engine's thread while the device runs the verification forward (never competes
     # with it); "thread": in a background thread, which a Python-bound forward feels through the GIL.
@@ -81,7 +81,7 @@ class SpeculationConfig:
                   "give (batch_size >= 1, cost ratio >= 1.0) pairs, e.g. ((1, 1.9), (128, 3.6)).")
 
     def uses_prefetch(self, device_type: str = "cpu") -> bool:
-        """Whether the engine, running on `device_type`, drafts ahead in the background thread."""
+        """Whether the engine, running on `device_type`, prefetches drafts (prefetch.py)."""
         if self.method == "none" or self.prefetch is False:
             return False
         return self.prefetch is True or device_type != "cpu"
