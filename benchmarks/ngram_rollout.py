@@ -117,6 +117,16 @@ def time_rollouts(model_dir: Path, history_steps, final_steps, response_length: 
     return results
 
 
+def describe_timing(tokens_per_s: float, metrics, base: float) -> str:
+    """One variant of time_rollouts: tokens/s, ratio to `base`, and its speculation counters if any."""
+    text = f"{tokens_per_s:8.0f} tokens/s  {tokens_per_s / base:5.2f}x"
+    if metrics is not None:
+        text += f"  accepted/forward {metrics.accepted_tokens_per_forward:.2f}"
+        if metrics.prefetch_lookups:
+            text += f"  prefetch coverage {metrics.prefetch_coverage:.1%}"
+    return text
+
+
 def plot(curves: dict[str, list[float]], online: list[float], path: Path) -> None:
     import matplotlib
 
@@ -175,12 +185,7 @@ def main() -> None:
     base = timings["none"][0]
     print(f"\nRollout wall-clock, final {len(steps) - cut} steps' prompts, temperature 1.0, one process:")
     for name, (tokens_per_s, metrics, _) in timings.items():
-        extra = ""
-        if metrics is not None:
-            extra = f"  accepted/forward {metrics.accepted_tokens_per_forward:.2f}"
-            if metrics.prefetch_lookups:
-                extra += f"  prefetch coverage {metrics.prefetch_coverage:.1%}"
-        print(f"  {name:<15} {tokens_per_s:8.0f} tokens/s  {tokens_per_s / base:5.2f}x{extra}")
+        print(f"  {name:<15} {describe_timing(tokens_per_s, metrics, base)}")
     print(f"\nplot: {out / 'accepted_per_forward.png'}")
 
 

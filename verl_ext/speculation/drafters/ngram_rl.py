@@ -89,12 +89,10 @@ class NgramRLDrafter(Drafter):
         return self._followers[key]
 
     def draft_start_tokens(self, prompt_key: int) -> frozenset[int] | None:
-        # A draft needs the context's last token somewhere in the history with a token after it.
+        # A draft needs the context's last token somewhere in the history with a token after it: exactly the
+        # tokens the follower map has (outcome_counts builds the same map for this version anyway).
         history = self.cache.history(prompt_key)
-        if history is None:
-            return frozenset()
-        continued = history[:-1][history[1:] != SEP]
-        return frozenset(np.unique(continued[continued != SEP]).tolist())
+        return frozenset() if history is None else frozenset(self._follower_map(prompt_key, history))
 
     def observe(self, prompt_key: int, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> None:
         self.cache.add(prompt_key, prompt_tokens, response_tokens)
