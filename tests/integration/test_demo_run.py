@@ -20,3 +20,9 @@ def test_two_grpo_steps(demo_data_dir, tmp_path):
         assert metrics["training/rollout_probs_diff_max"] < 1e-3
         assert 0.0 <= metrics["critic/score/mean"] <= 1.0
         assert metrics["response_length/mean"] > 0
+        # the rollout server's own clock: busy within the step's rollout time, counting every sampled token
+        assert 0 < metrics["rollout/engine_s"] <= metrics["timing_s/gen"]
+        samples = 8 * 8  # data.train_batch_size x rollout.n of the recipe
+        engine_tokens = metrics["rollout/engine_tokens_per_s"] * metrics["rollout/engine_s"]
+        assert abs(engine_tokens - metrics["response_length/mean"] * samples) <= 0.02 * engine_tokens
+        assert metrics["rollout/spec/accepted_tokens_per_forward"] >= 1.0

@@ -60,8 +60,13 @@ class FlakyDrafter(NgramRLDrafter):
 
     calls = 0
 
+    def __init__(self, config):
+        super().__init__(config)
+        self.worker_threads: set[str] = set()  # where the prefetch work ran
+
     def propose(self, requests, budgets):
         if _in_prefetch_worker():
+            self.worker_threads.add(threading.current_thread().name)
             self.calls += 1
             if self.calls % 3 == 0:
                 raise RuntimeError("boom")
@@ -83,6 +88,9 @@ def test_worker_failure_falls_back_with_identical_outputs(worker, toy_table, toy
     assert flaky_out == epochs(speculator(False), toy_table, toy_rollout, 2)[0]
     assert spec.prefetcher.stats.worker_errors > 0
     assert "draft prefetch worker failed" in caplog.text
+    # overlap drafts on the engine's own thread; thread in the background one
+    expected = threading.current_thread().name if worker == "overlap" else "draft-prefetch"
+    assert {name.split("_")[0] for name in spec.drafter.worker_threads} == {expected}
 
 
 def test_failed_worker_discards_what_it_prefetched():
@@ -160,3 +168,5 @@ def test_ngram_rl_outcome_counts_rank_like_per_outcome_lookups():
     assert [c[:1] for c in fast] == [c[:1] for c in generic]
     # after [2, 3]: two responses go on with 4, one with 7; 1 follows 3 elsewhere (the prompt's tail)
     assert fast[2] == generic[2] == [(4, 2), (7, 1), (1, 0)]
+    # after [2, 3, 4]: only the two responses that went on with 4 vote (not the one with 7, 8)
+    assert fast[3] == generic[3] == [(5, 1), (6, 1)]
