@@ -47,6 +47,7 @@ import tracemalloc
 import numpy as np
 
 from verl_ext.speculation.ngram_match import as_history, extend_match, frequent_continuation, longest_match
+from verl_ext.speculation.prompt_index import PromptIndex
 
 VOCAB, MIN_N, MAX_N, BUDGET = 32_000, 2, 8, 16
 
@@ -144,6 +145,17 @@ class Scan:
         return frequent_continuation(self.history, ends, BUDGET)
 
 
+class Indexed:
+    """PromptIndex (what ngram_rl uses): the scan's array, indexed by token once per history version."""
+
+    def build(self, responses: list[list[int]]) -> None:
+        self.history = as_history(responses)
+        self.index = PromptIndex(self.history, 1, MIN_N, MAX_N)
+
+    def draft(self, context: list[int]) -> list[int]:
+        return self.index.draft(context)[:BUDGET]
+
+
 def _build(method: type, responses: list[list[int]]):
     index = method()
     index.build(responses)
@@ -183,9 +195,10 @@ def main() -> None:
         *history, fresh = make_responses(rng, args.responses, length)
         cuts = rng.integers(MAX_N, length, args.queries)
         queries = [fresh[:cut] for cut in cuts]
-        scan, hashed = _build(Scan, history), _build(HashIndex, history)
-        assert all(scan.draft(q) == hashed.draft(q) for q in queries[:50]), "scan and hash must draft the same"
-        for name, method in (("scan", Scan), ("hash", HashIndex), ("sam", SuffixAutomaton)):
+        scan, hashed, indexed = _build(Scan, history), _build(HashIndex, history), _build(Indexed, history)
+        assert all(scan.draft(q) == hashed.draft(q) == indexed.draft(q) for q in queries[:50]), \
+            "scan, hash and index must draft the same"
+        for name, method in (("scan", Scan), ("hash", HashIndex), ("index", Indexed), ("sam", SuffixAutomaton)):
             insert_us, lookup_us, bytes_per_token = measure(method, history, queries)
             print(f"{length:>6}  {name:<6}  {insert_us:>14.2f}  {lookup_us:>9.1f}  {bytes_per_token:>17.0f}")
 

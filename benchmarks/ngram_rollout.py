@@ -58,9 +58,49 @@ def load_steps(trace_dir: Path) -> list[list[tuple[list[int], list[int]]]]:
 def score_drafters(steps) -> dict[str, list[float]]:
     curves = {}
     for method in DRAFTERS:
-        drafter = build_drafter(SpeculationConfig(method=method, num_draft_tokens=BUDGET, prefetch=False))
-        curves[method] = [m.accepted_tokens_per_forward for m in replay_steps(drafter, steps, BUDGET)]
+        speculator = Speculator(SpeculationConfig(method=method, num_draft_tokens=BUDGET, prefetch=False,
+                                                  adaptive=False))
+        curves[method] = [m.accepted_tokens_per_forward for m in replay_steps(speculator, steps)]
     return curves
+
+
+class _TimedSpeculator(Speculator):
+    """Host seconds spent drafting on the critical path (propose) and prefetching (overlap), per round."""
+
+    def __init__(self, config: SpeculationConfig):
+        super().__init__(config)
+        self.rounds, self.propose_s, self.overlap_s = 0, 0.0, 0.0
+
+    def propose(self, requests, limits=None):
+        start = time.perf_counter()
+        drafts = super().propose(requests, limits)
+        self.propose_s += time.perf_counter() - start
+        self.rounds += 1
+        return drafts
+
+    def overlap(self, device_done) -> None:
+        start = time.perf_counter()
+        super().overlap(device_done)
+        self.overlap_s += time.perf_counter() - start
+
+
+def prefetch_replay(steps, cut: int) -> dict[str, tuple[float, float, float | None]]:
+    """Replay the final steps (history warmed by steps[:cut]) with synchronous drafting and with complete
+    prefetch: name -> (critical-path drafting ms/round, prefetch ms/round, coverage or None)."""
+    out = {}
+    for name, prefetch in (("sync", False), ("prefetch", True)):
+        speculator = _TimedSpeculator(SpeculationConfig(num_draft_tokens=BUDGET, prefetch=prefetch, adaptive=False))
+        if prefetch:
+            speculator.prefetcher.interrupt_on_collect = False  # as if every forward left time for all of it
+        replay_steps(speculator, steps[:cut])
+        speculator.rounds, speculator.propose_s, speculator.overlap_s = 0, 0.0, 0.0
+        metrics = replay_steps(speculator, steps[cut:])
+        lookups = sum(m.prefetch_lookups for m in metrics)
+        coverage = sum(m.prefetch_hits for m in metrics) / lookups if lookups else None
+        rounds = max(1, speculator.rounds)
+        out[name] = (1e3 * speculator.propose_s / rounds, 1e3 * speculator.overlap_s / rounds, coverage)
+        speculator.close()
+    return out
 
 
 def final_mean(values: list[float]) -> float:
@@ -180,6 +220,12 @@ def main() -> None:
     print(f"  ngram_rl / best other drafter: {final_mean(curves['ngram_rl']) / best_other:.2f}x")
 
     cut = len(steps) - max(1, round(len(steps) * FINAL_SHARE))
+    replayed = prefetch_replay(steps, cut)
+    sync_ms, prefetch_ms = replayed["sync"][0], replayed["prefetch"]
+    print(f"\nPrefetch, replayed over the final {len(steps) - cut} steps (host time per verification round):")
+    print(f"  synchronous drafting {sync_ms:6.2f} ms on the critical path")
+    print(f"  complete prefetch    {prefetch_ms[0]:6.2f} ms on the critical path + {prefetch_ms[1]:.2f} ms of prefetch "
+          f"to hide behind the verification forward; coverage {prefetch_ms[2]:.1%}")
     model_dir = out / "checkpoints" / f"global_step_{len(steps)}" / "actor" / "huggingface"
     timings = time_rollouts(model_dir, steps[:cut], steps[cut:], response_length=64)
     base = timings["none"][0]

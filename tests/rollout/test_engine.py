@@ -121,16 +121,15 @@ def test_speculation_keeps_greedy_output(model, method):
 
 def test_offline_replay_matches_online_greedy_counts(model):
     # greedy: acceptance is deterministic, so replaying the engine's own outputs must give its exact counters
-    from verl_ext.speculation import build_drafter
     from verl_ext.speculation.offline import replay_step
 
     config = SpeculationConfig(method="ngram_rl", num_draft_tokens=6, min_match=1, prefetch=False, adaptive=False)
     engine = HFGenerationEngine(model, pad_token_id=0, speculator=Speculator(config))
-    offline = build_drafter(config)
+    offline = Speculator(config)
     for _epoch in range(3):
         results = engine.generate([GenerationRequest(p, 15, GREEDY) for p in PROMPTS])
         online = engine.speculator.take_metrics()
-        replayed = replay_step(offline, [(p, r.token_ids) for p, r in zip(PROMPTS, results)], budget=6)
+        replayed = replay_step(offline, [(p, r.token_ids) for p, r in zip(PROMPTS, results)])
         assert (replayed.sequence_forwards, replayed.drafted_tokens, replayed.accepted_tokens) == (
             online.sequence_forwards, online.drafted_tokens, online.accepted_tokens
         )

@@ -1,9 +1,11 @@
 """N-gram lookup on tiny token arrays; each case states the rule it checks."""
 
+import random
+
 import numpy as np
 
-from verl_ext.speculation.ngram_match import (SEP, as_history, continuation_counts, frequent_continuation,
-                                              longest_match)
+from verl_ext.speculation.ngram_match import (MAX_CANDIDATES, SEP, as_history, continuation_counts,
+                                              frequent_continuation, longest_match)
 
 
 def draft(segments, context, min_n=1, max_n=4, budget=8, min_prob=0.0):
@@ -96,3 +98,33 @@ def test_continuation_counts_sorted_by_frequency():
 def test_no_occurrence_returns_empty():
     n, ends = longest_match(as_history([[1, 2, 3]]), [7], 1, 4)
     assert n == 0 and ends.size == 0 and frequent_continuation(as_history([[1]]), np.zeros(0, np.int64), 4) == []
+
+
+def _reference_vote(window, min_prob):
+    """The rule spelled out: every column, the surviving occurrences vote; ties go to the most recent."""
+    rows, draft, prob = window[::-1].tolist(), [], 1.0
+    for j in range(window.shape[1]):
+        votes = {}
+        for row in rows:  # newest first, so the first maximum found is the most recent
+            votes[row[j]] = votes.get(row[j], 0) + 1
+        token, count = max(votes.items(), key=lambda kv: kv[1])
+        prob *= count / len(rows)
+        if token == SEP or prob < min_prob:
+            break
+        draft.append(token)
+        rows = [row for row in rows if row[j] == token]
+    return draft
+
+
+def test_frequent_continuation_matches_the_plain_voting_rule_on_random_histories():
+    rng = random.Random(0)
+    for _ in range(1500):
+        vocab = rng.choice([2, 3, 5])
+        history = as_history([[rng.randrange(vocab) for _ in range(rng.randrange(2, 30))]
+                              for _ in range(rng.randrange(1, 40))])
+        ends = np.flatnonzero(history[:-1] == rng.randrange(vocab))
+        ends = ends[history[ends + 1] != SEP][-MAX_CANDIDATES:]
+        budget, min_prob = rng.randrange(1, 17), rng.choice([0.0, 0.1, 0.3])
+        window = history[ends[:, None] + 1 + np.arange(budget)]
+        expected = _reference_vote(window, min_prob) if ends.size else []
+        assert frequent_continuation(history, ends, budget, min_prob) == expected

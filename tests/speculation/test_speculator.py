@@ -33,6 +33,29 @@ def test_limits_cap_drafts():
     assert spec.propose(requests, limits=[2, 0]) == [[2, 3], []]
 
 
+def test_observed_response_feeds_drafts_from_the_round_after_next():
+    spec = Speculator(SpeculationConfig(min_match=1, max_match=4, prefetch=False, adaptive=False))
+    key = prompt_key(PROMPTS[0])
+    running = DraftRequest(0, key, PROMPTS[0], [1])
+    assert spec.propose([running]) == [[]]
+    spec.observe(key, PROMPTS[0], [1, 2, 3, 4])  # a sibling finished in round 1
+    assert spec.propose([running]) == [[]]  # round 2's drafts were fixed before it is applied
+    assert spec.propose([running]) == [[2, 3, 4]]  # round 3 sees it
+    spec.observe(key, PROMPTS[0], [1, 7, 7, 7])
+    fresh = DraftRequest(1, key, PROMPTS[0], [1])
+    assert spec.propose([fresh]) == [[7, 7, 7]]  # a new batch sees everything observed before it
+
+
+def test_state_dict_keeps_responses_observed_mid_round():
+    spec = Speculator(SpeculationConfig(min_match=1, max_match=4, prefetch=False))
+    key = prompt_key(PROMPTS[0])
+    spec.propose([DraftRequest(0, key, PROMPTS[0], [1])])
+    spec.observe(key, PROMPTS[0], [1, 2, 3, 4])
+    restored = Speculator(SpeculationConfig(min_match=1, max_match=4, prefetch=False))
+    restored.load_state_dict(pickle.loads(pickle.dumps(spec.state_dict())))
+    assert restored.propose([DraftRequest(5, key, PROMPTS[0], [1])]) == [[2, 3, 4]]
+
+
 def test_ngram_rl_speeds_up_later_epochs_and_state_dict_restores(toy_table, toy_rollout):
     config = SpeculationConfig(min_match=1, max_match=4, prefetch=False)
     spec = Speculator(config)

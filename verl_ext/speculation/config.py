@@ -37,7 +37,9 @@ class SpeculationConfig:
     # "overlap": draft on the engine's thread while the device runs the verification forward (never competes
     # with it); "thread": in a background thread, which a Python-bound forward feels through the GIL.
     prefetch_worker: str = "overlap"
-    prefetch_candidates: int = 16  # outcomes (accepted count, next token) prefetched per sequence
+    # prompt_lookup and suffix: outcomes (accepted count, next token) prefetched per sequence, likeliest first
+    # (ngram_rl prefetches every outcome: prompt_index.OutcomeTable)
+    prefetch_candidates: int = 16
     # Per-sequence draft length from an EMA of acceptance and a verification-cost table (adaptive.py).
     adaptive: bool = True
     adaptive_ema_decay: float = 0.7  # weight of the past in the acceptance EMA, 0 <= decay < 1

@@ -2,9 +2,9 @@
 
 Each prompt's responses live in one flat int32 array (ngram_match's layout); every segment is
 [SEP, last `tail_len` prompt tokens, response], so a context that still ends inside the prompt matches
-at the start of earlier responses. Lookups scan that array with numpy: benchmarks/ngram_lookup.py
-measured this against a hashed n-gram index and a suffix automaton at RL-sized histories; the scan
-costs no index memory and no per-token Python work on insert, and its lookups are fast enough.
+at the start of earlier responses. Inserting is one concatenation with no per-token Python work;
+ngram_rl indexes a prompt's array once per version (prompt_index.py: two sorts, ~20 bytes per token), which
+benchmarks/ngram_lookup.py measures against a plain scan, a hashed n-gram index and a suffix automaton.
 
 Arrays are never modified in place: an insert or eviction replaces the prompt's array and bumps its
 version, so a reader (the prefetch thread) holding an old array sees a consistent snapshot, and the
@@ -63,6 +63,12 @@ class HistoryCache:
     def history(self, prompt_key: int) -> np.ndarray | None:
         entry = self._entries.get(prompt_key)
         return None if entry is None else entry.history
+
+    def snapshot(self, prompt_key: int) -> tuple[np.ndarray, int] | None:
+        """(history, version) read together: the prefetch thread reads while the engine thread adds."""
+        with self._lock:
+            entry = self._entries.get(prompt_key)
+            return None if entry is None else (entry.history, entry.version)
 
     def version(self, prompt_key: int) -> int:
         entry = self._entries.get(prompt_key)

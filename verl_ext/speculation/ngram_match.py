@@ -11,6 +11,7 @@ more recent, so among equally frequent continuations the most recent one wins.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Sequence
 
 import numpy as np
@@ -77,25 +78,31 @@ def frequent_continuation(history: np.ndarray, ends: np.ndarray, budget: int, mi
     budget = min(budget, MAX_DRAFT_TOKENS)
     if budget <= 0 or ends.size == 0:
         return []
-    ends = ends[-MAX_CANDIDATES:]
-    window = history[ends[:, None] + 1 + np.arange(budget)]  # [C, budget]
-    agree = (window == window[0]).all(axis=0)  # [budget] columns where every occurrence agrees
-    unanimous = budget if agree.all() else int(agree.argmin())
-    draft = until_sep(window[0, :unanimous].tolist())
-    if len(draft) < unanimous or unanimous == budget:
-        return draft
-    rows = window[::-1].tolist()  # newest first: the first maximum in vote order is the most recent
+    return vote_continuation(continuation_windows(history, ends, budget), min_prob)
+
+
+def continuation_windows(history: np.ndarray, ends: np.ndarray, budget: int) -> np.ndarray:
+    """[C, budget] the tokens after the MAX_CANDIDATES most recent ends, oldest first: all a draft depends on."""
+    return history[ends[-MAX_CANDIDATES:, None] + 1 + np.arange(budget)]
+
+
+def vote_continuation(window: np.ndarray, min_prob: float = 0.0) -> list[int]:
+    """frequent_continuation over windows already gathered. window: [C, budget], oldest occurrence first."""
+    rows = window[::-1].tolist()  # newest first: Counter keeps first-seen order, so ties go to the most recent
+    draft: list[int] = []
     prob = 1.0
-    for j in range(unanimous, budget):
-        votes: dict[int, int] = {}
-        for row in rows:
-            votes[row[j]] = votes.get(row[j], 0) + 1
-        token, count = max(votes.items(), key=lambda kv: kv[1])
-        prob *= count / len(rows)
-        if token == SEP or prob < min_prob:
+    for j in range(window.shape[1]):
+        column = [row[j] for row in rows]
+        token = column[0]
+        if column.count(token) < len(column):  # the survivors disagree: vote
+            token, count = Counter(column).most_common(1)[0]
+            prob *= count / len(column)
+            if token == SEP or prob < min_prob:
+                break
+            rows = [row for row in rows if row[j] == token]
+        elif token == SEP:
             break
         draft.append(token)
-        rows = [row for row in rows if row[j] == token]
     return draft
 
 
@@ -105,22 +112,6 @@ def continuation_counts(history: np.ndarray, ends: np.ndarray) -> list[tuple[int
     tokens, counts = np.unique(nxt[nxt != SEP], return_counts=True)
     order = np.lexsort((tokens, -counts))
     return list(zip(tokens[order].tolist(), counts[order].tolist()))
-
-
-def backoff_counts(history: np.ndarray, context: Sequence[int], max_n: int) -> list[tuple[int, int]]:
-    """continuation_counts of the longest match (any length >= 1), then, with count 0, the tokens that
-    follow only shorter matches, longest first: a wider net of likely next tokens for prefetching."""
-    if not len(context):
-        return []
-    levels = match_levels(history, np.flatnonzero(history[:-1] == context[-1]), context, max_n)
-    out: list[tuple[int, int]] = []
-    seen: set[int] = set()
-    for depth, ends in enumerate(reversed(levels)):
-        for token, count in continuation_counts(history, ends):
-            if token not in seen:
-                seen.add(token)
-                out.append((token, count if depth == 0 else 0))
-    return out
 
 
 def until_sep(tokens: list[int]) -> list[int]:

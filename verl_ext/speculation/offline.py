@@ -4,23 +4,30 @@ Replaying a recorded response and accepting the longest draft prefix that matche
 with a point-mass draft, verification accepts x with probability p(x), the probability that plain sampling
 emits x. So the accepted-length statistics of a replay equal those of running the drafter online.
 
-The responses of one training step are replayed in lockstep, one target forward per round for every
-unfinished response, and a response enters the history when it finishes, as siblings do in the engine.
+The responses of one training step are replayed in lockstep through a Speculator, as the engine drives it:
+one target forward per round for every unfinished response, finished responses observed (siblings draft
+from them from the round after next), prefetch submitted and run (to completion when the prefetcher's
+interrupt_on_collect is off, as if the device took its time). Draft lengths follow the Speculator's config:
+adaptive=False with num_draft_tokens=B scores a fixed budget B.
 """
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from verl_ext.speculation.drafters.base import DraftRequest, Drafter, prompt_key
+from verl_ext.speculation.drafters.base import DraftRequest, prompt_key
 from verl_ext.speculation.metrics import SpecMetrics
+from verl_ext.speculation.speculator import Speculator
+
+_seq_ids = itertools.count()  # unique across steps, as the engine's handles (the prefetcher keys by them)
 
 
 @dataclass
 class _Replay:
-    seq_id: int
     prompt: list[int]
     response: list[int]
     key: int = field(init=False)
+    seq_id: int = field(init=False, default_factory=lambda: next(_seq_ids))
     done: int = 1  # response tokens emitted; the first comes from the prefill, which drafts nothing
 
     def __post_init__(self):
@@ -31,33 +38,35 @@ class _Replay:
         return self.done >= len(self.response)
 
 
-def replay_step(drafter: Drafter, rollouts: Sequence[tuple[list[int], list[int]]], budget: int) -> SpecMetrics:
-    """Score ``drafter`` on one step's (prompt, response) pairs; updates its history like the engine does."""
-    metrics = SpecMetrics()
-    active = [_Replay(i, list(p), list(r)) for i, (p, r) in enumerate(rollouts) if r]
+def replay_step(speculator: Speculator, rollouts: Sequence[tuple[list[int], list[int]]]) -> SpecMetrics:
+    """Score the speculator's drafter on one step's (prompt, response) pairs; updates its history as the engine does."""
+    speculator.take_metrics()  # this step's counters only
+    active = [_Replay(list(p), list(r)) for p, r in rollouts if r]
     while True:
-        for replay in active:
-            if replay.finished:
-                drafter.observe(replay.key, replay.prompt, replay.response)
+        finished = [a for a in active if a.finished]
+        for replay in finished:
+            speculator.observe(replay.key, replay.prompt, replay.response)
+        speculator.release([a.seq_id for a in finished])
         active = [a for a in active if not a.finished]
         if not active:
             break
         requests = [DraftRequest(a.seq_id, a.key, a.prompt, a.response[: a.done]) for a in active]
         # as in the engine: never draft past the response's end, one token always follows the draft
-        budgets = [max(0, min(budget, len(a.response) - a.done - 1)) for a in active]
-        drafts = drafter.propose(requests, budgets)
+        drafts = speculator.propose(requests, limits=[len(a.response) - a.done - 1 for a in active])
+        speculator.overlap(_device_done)
         accepted = [_matched_prefix(d, a.response[a.done :]) for d, a in zip(drafts, active)]
-        metrics.record_step([len(d) for d in drafts], accepted)
+        speculator.record(requests, drafts, accepted)
         for replay, n in zip(active, accepted):
             replay.done += n + 1
-    metrics.cache_tokens = drafter.stats.cache_tokens
-    return metrics
+    return speculator.take_metrics()
 
 
-def replay_steps(
-    drafter: Drafter, steps: Iterable[Sequence[tuple[list[int], list[int]]]], budget: int
-) -> list[SpecMetrics]:
-    return [replay_step(drafter, rollouts, budget) for rollouts in steps]
+def replay_steps(speculator: Speculator, steps: Iterable[Sequence[tuple[list[int], list[int]]]]) -> list[SpecMetrics]:
+    return [replay_step(speculator, rollouts) for rollouts in steps]
+
+
+def _device_done() -> bool:
+    return True  # no device here: prefetch runs only when the prefetcher is told to finish its work anyway
 
 
 def _matched_prefix(draft: Sequence[int], actual: Sequence[int]) -> int:

@@ -1,23 +1,23 @@
 """Draft the next step while the policy verifies this one (on the host, during the device's forward).
 
 After verification a sequence has accepted a of its k drafted tokens and emitted one more token t, so its
-next context is context + draft[:a] + [t]. While the forward runs, a worker enumerates likely outcomes
-(a, t), with t among the continuations the drafter's history knows at that point, ranks them by the
-history's vote shares, and drafts each with the full budget. It also asks the drafter which tokens can
-start a draft at all: an outcome ending in any other token is known to get an empty draft. `collect` then
-answers each sequence from that table when its actual outcome is there (a hit) and drafts synchronously
-otherwise.
+next context is context + draft[:a] + [t]. At submit the prefetcher asks the drafter for an OutcomeDrafts
+table per sequence and fills the tables while the forward runs; `collect` answers each sequence from its
+table when the actual outcome is there (a hit) and drafts synchronously otherwise. ngram_rl lays out every
+outcome (prompt_index.OutcomeTable); other drafters get RankedOutcomeDrafts, which proposes for the
+`candidates` likeliest outcomes by the history's vote shares.
 
 Two ways to run the worker. `overlap` (default): the engine calls `overlap(device_done)` right after it
-launches the verification forward, and the drafting runs on the host thread until the device has finished,
-so it never takes the GIL or a core from the forward (on CPU the forward is synchronous and nothing is
+launches the verification forward, and the tables fill on the host thread until the device has finished,
+so the work never takes the GIL or a core from the forward (on CPU the forward is synchronous and nothing is
 prefetched). `thread`: a background thread, which competes with a Python-bound forward for the GIL
 (benchmarks/ngram_rollout.py and tests/gpu/check_hf_rollout.py measure both against synchronous drafting).
 
 Outputs never change: a prefetched draft is used only if the drafter's version for that prompt is the one
-seen at submit (no observe in between), it was computed by the same `propose` on the same context, and a
-shorter budget takes its prefix (the Drafter contract). A worker exception only turns this step into
-misses. Coverage = hits / lookups, one lookup per sequence verification that asked for a draft.
+seen at submit (the Speculator applies observed responses between collect and submit, so it is), it was
+computed by the drafter's own drafting on the same context, and a shorter budget takes its prefix (the
+Drafter contract). A worker exception only turns this step into misses. Coverage = hits / lookups, one
+lookup per sequence verification that asked for a draft.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
-from verl_ext.speculation.drafters.base import DraftRequest, Drafter
+from verl_ext.speculation.drafters.base import DraftRequest, Drafter, OutcomeDrafts
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +39,7 @@ class _Pending:
     output_len: int  # len(output_tokens) when the draft was submitted
     draft: list[int]  # [k] the draft under verification
     version: int  # drafter.version(prompt_key) at submit
-    start_tokens: frozenset[int] | None = None  # drafter.draft_start_tokens at submit, once the worker has it
-    drafts: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (accepted, next token) -> next draft
+    table: OutcomeDrafts | None = None  # set by the worker
 
 
 @dataclass
@@ -64,7 +63,8 @@ class DraftPrefetcher:
         self.drafter = drafter
         self.candidates = candidates
         self.max_budget = max_budget
-        self.interrupt_on_collect = interrupt_on_collect  # False: collect waits for the worker (deterministic hits)
+        # False: the worker always finishes (overlap runs past the forward, collect waits): deterministic hits
+        self.interrupt_on_collect = interrupt_on_collect
         self.threaded = threaded
         self.stats = PrefetchStats()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draft-prefetch") if threaded else None
@@ -91,7 +91,7 @@ class DraftPrefetcher:
         """Overlap mode: prefetch on this thread until device_done() (the verification forward finished)."""
         if self._queued is not None:
             work, self._queued = self._queued, None
-            self._run_inline(work, device_done)
+            self._run_inline(work, device_done if self.interrupt_on_collect else _never)
 
     def _run_inline(self, work: tuple, should_stop: Callable[[], bool]) -> None:
         try:
@@ -111,6 +111,11 @@ class DraftPrefetcher:
         self._pending = {}
         return [d[:b] for d, b in zip(drafts, budgets)]
 
+    def release(self, seq_ids: Sequence[int]) -> None:
+        """Finished sequences: nothing of theirs is looked up again (a new sequence may reuse the id)."""
+        for seq_id in seq_ids:
+            self._pending.pop(seq_id, None)
+
     def close(self) -> None:
         self._stop.set()
         self._finish()
@@ -123,14 +128,11 @@ class DraftPrefetcher:
             return None  # not verified last step (new sequence): nothing to look up
         self.stats.lookups += 1
         accepted = len(request.output_tokens) - pending.output_len - 1
-        if not 0 <= accepted <= len(pending.draft):
+        if pending.table is None or not 0 <= accepted <= len(pending.draft):
             return None
         if list(request.output_tokens[pending.output_len: pending.output_len + accepted]) != pending.draft[:accepted]:
             return None
-        token = request.output_tokens[-1]
-        draft = pending.drafts.get((accepted, token))
-        if draft is None and pending.start_tokens is not None and token not in pending.start_tokens:
-            draft = []  # nothing in the history follows this token: the draft is empty
+        draft = pending.table.get(accepted, request.output_tokens[-1])
         if draft is not None and self.drafter.version(request.prompt_key) != pending.version:
             self.stats.stale += 1
             return None
@@ -141,7 +143,7 @@ class DraftPrefetcher:
         if self._queued is not None:  # overlap mode, and overlap() was not called
             work, self._queued = self._queued, None
             if not self.interrupt_on_collect:  # deterministic hits: do all of it now
-                self._run_inline(work, lambda: False)
+                self._run_inline(work, _never)
         if self._future is None:
             return
         if self.interrupt_on_collect:
@@ -158,40 +160,63 @@ class DraftPrefetcher:
         log = logger.warning if self.stats.worker_errors == 1 else logger.debug
         log("draft prefetch worker failed; drafting synchronously this step", exc_info=True)
         for pending in self._pending.values():
-            pending.drafts.clear()
-            pending.start_tokens = None
+            pending.table = None
 
     def _work(self, requests: list[DraftRequest], drafts: Sequence[Sequence[int]], pending: dict[int, _Pending],
               should_stop: Callable[[], bool]) -> None:
-        if should_stop():
-            return
-        start_tokens: dict[int, frozenset[int] | None] = {}  # per prompt: siblings share a history
-        for request in requests:
-            if request.prompt_key not in start_tokens:
-                start_tokens[request.prompt_key] = self.drafter.draft_start_tokens(request.prompt_key)
-            pending[request.seq_id].start_tokens = start_tokens[request.prompt_key]
-        outcomes: list[tuple[float, int, int, int]] = []  # (score, request index, accepted, next token)
-        for i, (request, draft) in enumerate(zip(requests, drafts)):
+        tables = []
+        for request, draft in zip(requests, drafts):
             if should_stop():
                 return
-            outcomes += [(score, i, a, t) for score, a, t in self._ranked_outcomes(request, list(draft))]
-        outcomes.sort(key=lambda o: -o[0])  # most likely outcomes of the whole batch first
-        for _, i, accepted, token in outcomes:
-            if should_stop():
-                return
-            request, draft = requests[i], drafts[i]
-            nxt = request.extended([*draft[:accepted], token])
-            pending[request.seq_id].drafts[(accepted, token)] = self.drafter.propose([nxt], [self.max_budget])[0]
+            table = self.drafter.outcome_drafts(request, draft)
+            if table is None:
+                table = RankedOutcomeDrafts(self.drafter, request, draft, self.candidates, self.max_budget)
+            tables.append(table)
+            entry = pending.get(request.seq_id)  # None: released (finished) while the worker ran
+            if entry is not None:
+                entry.table = table
+        for table in tables:  # each sequence's own outcomes first, then what they share, once each
+            table.fill(should_stop)
+        for shared in {id(t.shared): t.shared for t in tables if t.shared is not None}.values():
+            shared.fill(should_stop)
 
-    def _ranked_outcomes(self, request: DraftRequest, draft: list[int]) -> list[tuple[float, int, int]]:
+
+def _never() -> bool:
+    return False
+
+
+class RankedOutcomeDrafts(OutcomeDrafts):
+    """Any drafter: propose() for the `candidates` likeliest outcomes, ranked by the drafter's outcome_counts."""
+
+    def __init__(self, drafter: Drafter, request: DraftRequest, draft: Sequence[int], candidates: int,
+                 max_budget: int = MAX_DRAFT_TOKENS):
+        self._drafter, self._request, self._draft = drafter, request, list(draft)
+        self._candidates, self._max_budget = candidates, max_budget
+        self._ranked: list[tuple[float, int, int]] | None = None
+        self._drafts: dict[tuple[int, int], list[int]] = {}  # (accepted, token) -> draft
+
+    def fill(self, should_stop: Callable[[], bool]) -> None:
+        if self._ranked is None:
+            self._ranked = self._rank()
+        for _, accepted, token in self._ranked:
+            if should_stop():
+                return
+            if (accepted, token) not in self._drafts:
+                after = self._request.extended([*self._draft[:accepted], token])
+                self._drafts[accepted, token] = self._drafter.propose([after], [self._max_budget])[0]
+
+    def get(self, accepted: int, token: int) -> list[int] | None:
+        return self._drafts.get((accepted, token))
+
+    def _rank(self) -> list[tuple[float, int, int]]:
         """Up to `candidates` (score, accepted, next token), score = history estimate of the outcome's probability."""
         ranked: list[tuple[float, int, int]] = []
         reach = 1.0  # estimated probability that the first `accepted` drafts are all accepted
-        for accepted, counts in enumerate(self.drafter.outcome_counts(request, draft)):
+        for accepted, counts in enumerate(self._drafter.outcome_counts(self._request, self._draft)):
             total = sum(c for _, c in counts) or 1
-            drafted = draft[accepted] if accepted < len(draft) else None
+            drafted = self._draft[accepted] if accepted < len(self._draft) else None
             # A rejected draft token is never the emitted one (it is removed from the residual).
             ranked += [(reach * c / total, accepted, t) for t, c in counts if t != drafted]
             reach *= dict(counts).get(drafted, 0) / total
         ranked.sort(key=lambda o: -o[0])
-        return ranked[: self.candidates]
+        return ranked[: self._candidates]

@@ -12,8 +12,11 @@
         for each finished sequence: spec.observe(key, prompt, response); spec.release([seq_id])
     metrics = spec.take_metrics()
 
-Call `observe` for finished responses before the next `propose`, so siblings finished in this step
-already feed the next drafts.
+A response passed to `observe` feeds drafts from the round after next: `propose` fixes this round's drafts,
+then applies the responses observed since, then starts prefetching the next round. So the prefetcher always
+drafts from the history the next `propose` will see (no stale prefetch when siblings finish), and outputs
+do not depend on whether prefetch is on. A `propose` that continues none of the previous call's sequences
+(a new batch) sees everything observed before it.
 """
 
 from __future__ import annotations
@@ -41,17 +44,26 @@ class Speculator:
         self.lengths = AdaptiveDraftLength.from_config(config)
         self._metrics = SpecMetrics()
         self._prefetch_seen = (0, 0)  # prefetcher (lookups, hits) already reported
+        self._observed: list[tuple[int, Sequence[int], Sequence[int]]] = []  # not yet given to the drafter
+        self._last_ids: set[int] = set()  # seq_ids of the previous propose call
 
     def propose(self, requests: Sequence[DraftRequest], limits: Sequence[int] | None = None) -> list[list[int]]:
         """One draft per request; limits[i] caps row i (e.g. tokens left before max_new_tokens, minus 1)."""
         if self.config.method == "none":
             return [[] for _ in requests]
-        budgets = self.lengths.budgets([r.seq_id for r in requests])
+        seq_ids = [r.seq_id for r in requests]
+        if self._last_ids.isdisjoint(seq_ids):
+            self._apply_observed()
+        self._last_ids = set(seq_ids)
+        budgets = self.lengths.budgets(seq_ids)
         if limits is not None:
             budgets = [max(0, min(b, lim)) for b, lim in zip(budgets, limits)]
         if self.prefetcher is None:
-            return self.drafter.propose(requests, budgets)
+            drafts = self.drafter.propose(requests, budgets)
+            self._apply_observed()
+            return drafts
         drafts = self.prefetcher.collect(requests, budgets)
+        self._apply_observed()
         self.prefetcher.submit(requests, drafts)
         return drafts
 
@@ -68,12 +80,20 @@ class Speculator:
         self._metrics.record_step(num_drafted, num_accepted)
 
     def observe(self, prompt_key: int, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> None:
-        """A response finished (here or on another worker); later drafts may copy from it."""
-        self.drafter.observe(prompt_key, prompt_tokens, response_tokens)
+        """A response finished (here or on another worker); drafts from the round after next may copy from it."""
+        self._observed.append((prompt_key, prompt_tokens, response_tokens))
+
+    def _apply_observed(self) -> None:
+        for prompt_key, prompt_tokens, response_tokens in self._observed:
+            self.drafter.observe(prompt_key, prompt_tokens, response_tokens)
+        self._observed = []
 
     def release(self, seq_ids: Sequence[int]) -> None:
-        """Forget per-sequence state of finished sequences."""
+        """Forget per-sequence state of finished sequences (their seq_ids may be reused)."""
         self.lengths.release(seq_ids)
+        self._last_ids.difference_update(seq_ids)
+        if self.prefetcher is not None:
+            self.prefetcher.release(seq_ids)
 
     def take_metrics(self) -> SpecMetrics:
         """Counters since the last call, with the drafter's current cache size."""
@@ -87,9 +107,11 @@ class Speculator:
         return metrics
 
     def state_dict(self) -> dict:
+        self._apply_observed()  # a checkpoint keeps every finished response
         return {"drafter": self.drafter.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        self._observed = []
         self.drafter.load_state_dict(state["drafter"])
 
     def close(self) -> None:

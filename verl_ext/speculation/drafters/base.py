@@ -6,7 +6,7 @@ import hashlib
 import itertools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -70,6 +70,26 @@ class DrafterStats:
     observed_responses: int = 0
 
 
+class Fillable(Protocol):
+    def fill(self, should_stop: Callable[[], bool]) -> None:
+        """Compute drafts until all are ready or should_stop() says the time is up."""
+
+
+class OutcomeDrafts(ABC):
+    """The next draft after each outcome of verifying one draft: `accepted` draft tokens kept, then `token`
+    emitted. Filled ahead of time (while the device verifies); read after."""
+
+    shared: Fillable | None = None  # work several tables answer from (e.g. one per prompt), filled after all tables
+
+    @abstractmethod
+    def fill(self, should_stop: Callable[[], bool]) -> None:
+        """Compute drafts until all are ready or should_stop() says the time is up."""
+
+    @abstractmethod
+    def get(self, accepted: int, token: int) -> list[int] | None:
+        """The full-budget draft for that outcome (shorter budgets take a prefix); None if not prepared."""
+
+
 class Drafter(ABC):
     """Proposes draft tokens; the policy verifies them (verifier.py), so a bad draft costs time, never correctness.
 
@@ -101,9 +121,9 @@ class Drafter(ABC):
         """
         return [self.next_token_counts(request.extended(draft[:a])) for a in range(len(draft) + 1)]
 
-    def draft_start_tokens(self, prompt_key: int) -> frozenset[int] | None:
-        """Tokens after which this drafter can draft anything for the prompt: a context ending in any other
-        token gets an empty draft. None when the drafter cannot tell (it drafts from the request itself)."""
+    def outcome_drafts(self, request: DraftRequest, draft: Sequence[int]) -> OutcomeDrafts | None:
+        """Drafts for every outcome of verifying `draft`, for drafters that can lay them out cheaply (ngram_rl);
+        None: the prefetcher ranks the outcomes with `outcome_counts` and proposes for the likeliest."""
         return None
 
     def version(self, prompt_key: int) -> int:

@@ -1,0 +1,105 @@
+"""PromptIndex drafts exactly as the plain longest match + most frequent continuation, and its OutcomeTable
+holds, for every outcome it answers, the draft synchronous drafting would give."""
+
+import random
+
+import pytest
+
+from verl_ext.speculation import DraftRequest, SpeculationConfig, build_drafter, prompt_key
+from verl_ext.speculation.config import MAX_DRAFT_TOKENS
+from verl_ext.speculation.ngram_match import as_history, frequent_continuation, longest_match
+from verl_ext.speculation.prompt_index import PromptIndex
+
+VOCAB = 6  # few tokens: long and short matches, ties and known-empty outcomes all occur
+
+
+def _random_segments(rng, count=12, vocab=VOCAB):
+    return [[rng.randrange(vocab) for _ in range(rng.randrange(3, 25))] for _ in range(count)]
+
+
+def _reference_draft(history, context, min_n, max_n):
+    _, ends = longest_match(history, context[-max_n:], min_n, max_n)
+    return frequent_continuation(history, ends, MAX_DRAFT_TOKENS)
+
+
+@pytest.mark.parametrize("min_n,max_n", [(1, 3), (1, 8), (2, 4)])
+def test_index_drafts_like_the_plain_scan(min_n, max_n):
+    rng = random.Random(min_n * 10 + max_n)
+    for _ in range(20):
+        history = as_history(_random_segments(rng))
+        index = PromptIndex(history, 1, min_n, max_n)
+        for _ in range(30):
+            context = [rng.randrange(VOCAB + 1) for _ in range(rng.randrange(1, 12))]  # VOCAB: never seen
+            assert index.draft(context) == _reference_draft(history, context, min_n, max_n), context
+
+
+@pytest.mark.parametrize("vocab", [VOCAB, 30])
+@pytest.mark.parametrize("min_n,max_n", [(1, 4), (2, 4)])
+def test_outcome_table_answers_every_outcome_like_synchronous_drafting(min_n, max_n, vocab):
+    rng = random.Random(min_n)
+    config = SpeculationConfig(min_match=min_n, max_match=max_n)
+    drafter, reference = build_drafter(config), build_drafter(config)  # reference: nothing memoised by tables
+    prompt = [0, 1, 2]
+    key = prompt_key(prompt)
+    for segment in _random_segments(rng, vocab=vocab):
+        drafter.observe(key, prompt, segment)
+        reference.observe(key, prompt, segment)
+    answered = 0
+    for _ in range(30):
+        request = DraftRequest(0, key, prompt, [rng.randrange(vocab) for _ in range(rng.randrange(0, 10))])
+        draft = drafter.propose([request], [MAX_DRAFT_TOKENS])[0] or [rng.randrange(vocab)]
+        table = drafter.outcome_drafts(request, draft)
+        table.fill(lambda: False)
+        table.shared.fill(lambda: False)
+        for accepted in range(len(draft) + 1):
+            for token in range(vocab + 1):
+                if accepted < len(draft) and token == draft[accepted]:
+                    continue  # a rejected draft token is never the emitted one
+                after = request.extended([*draft[:accepted], token])
+                # complete: every possible outcome is answered, and exactly
+                assert table.get(accepted, token) == reference.propose([after], [MAX_DRAFT_TOKENS])[0]
+                answered += 1
+    assert answered > 500
+
+
+def test_interrupted_table_answers_only_what_it_prepared_and_that_exactly():
+    rng = random.Random(7)
+    drafter, reference = (build_drafter(SpeculationConfig(min_match=1, max_match=4)) for _ in range(2))
+    prompt = [0, 1, 2]
+    key = prompt_key(prompt)
+    vocab = 30  # sparse enough that most tokens never follow a given one
+    for segment in _random_segments(rng, vocab=vocab):
+        drafter.observe(key, prompt, segment)
+        reference.observe(key, prompt, segment)
+    request = DraftRequest(0, key, prompt, [1, 2])
+    draft = [3, 4, 5, 1]
+    outcomes = [(a, t) for a in range(len(draft) + 1) for t in range(vocab) if a == len(draft) or t != draft[a]]
+    table = drafter.outcome_drafts(request, draft)
+
+    def answered():
+        found = {o: table.get(*o) for o in outcomes}
+        for (accepted, token), got in found.items():
+            if got is not None:
+                assert got == reference.propose([request.extended([*draft[:accepted], token])], [MAX_DRAFT_TOKENS])[0]
+        return {o for o, got in found.items() if got is not None}
+
+    table.fill(lambda: True)  # no time at all
+    assert answered() == set()
+    table.fill(lambda: False)  # the long matches, not the shared unigram drafts
+    after_table = answered()
+    assert after_table and after_table < set(outcomes)
+    ticks = iter(range(2))
+    table.shared.fill(lambda: next(ticks, None) is None)  # two unigram drafts, then time is up
+    after_two = answered()
+    assert after_table < after_two < set(outcomes)
+    table.shared.fill(lambda: False)
+    assert answered() == set(outcomes)
+
+
+def test_token_never_followed_in_the_history_gets_a_known_empty_draft():
+    index = PromptIndex(as_history([[1, 2, 3, 4]]), 1, 1, 4)
+    assert index.unigram_draft(4) == []  # 4 ends its response: nothing follows it
+    assert index.unigram_draft(9) == []  # never seen
+    assert index.unigram_draft(2) is None  # not computed yet
+    index.fill(lambda: False)
+    assert index.unigram_draft(2) == [3, 4]

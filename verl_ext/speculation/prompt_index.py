@@ -1,0 +1,210 @@
+"""One prompt's history at one version, indexed so that a draft is mostly a dict lookup.
+
+A context ending in (x, t) whose pair never occurs in the history matches exactly one token, t, so its
+draft depends on t alone (a unigram draft, shared by every context that ends that way). Only the tokens
+that follow x somewhere in the history (`followers[x]`) need the longer match. Drafts are memoised by the
+matched suffix, which determines them: the occurrences that vote are exactly those of that suffix. Across
+versions (a response added or dropped), a draft is reused when the windows that vote on it are unchanged:
+most tokens' windows are untouched by one more response.
+
+This is also what makes complete prefetch cheap (OutcomeTable below): after verifying a draft d, every
+outcome (a accepted, then t) has the unigram draft of t, except the few t in followers[d[a - 1]].
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from verl_ext.speculation.config import MAX_DRAFT_TOKENS
+from verl_ext.speculation.drafters.base import OutcomeDrafts
+from verl_ext.speculation.ngram_match import SEP, continuation_windows, match_levels, vote_continuation
+
+_MAX_VOTES = 8192  # reused drafts kept per prompt; past this the next index starts afresh
+
+
+class PromptIndex:
+    def __init__(self, history: np.ndarray, version: int, min_n: int, max_n: int,
+                 votes: dict[tuple[int, int], list[int]] | None = None):
+        # history: [L] int32, ngram_match layout (history[0] == SEP, SEP padding at the end)
+        # votes: (rows, hash of the voting windows) -> draft, carried over from the prompt's previous index
+        self.history, self.version = history, version
+        self.votes = {} if votes is None or len(votes) > _MAX_VOTES else votes
+        self.min_n, self.max_n = min_n, max_n
+        # Two sorts per version, no per-token Python: token lookups are binary searches, memoised on first use.
+        ends = np.flatnonzero((history[:-1] != SEP) & (history[1:] != SEP)).astype(np.int32)  # [E] continuable
+        tokens = history[ends]
+        order = np.argsort(tokens, kind="stable")  # stable: each token's ends stay oldest first
+        self._end_tokens, self._ends_by_token = tokens[order], ends[order]  # [E], [E]
+        keep = history[ends - 1] != SEP  # the positions before continuable ends, grouped by their token
+        previous, nexts, positions = history[ends[keep] - 1], tokens[keep], ends[keep] - 1
+        order = np.lexsort((positions, nexts, previous))
+        self._after_tokens, self._after_next, self._after_positions = previous[order], nexts[order], positions[order]
+        self._ends: dict[int, np.ndarray | None] = {}
+        self._after: dict[int, _After | None] = {}
+        self._drafts: dict[tuple[int, ...], list[int]] = {}  # matched suffix -> MAX_DRAFT_TOKENS draft
+        self._by_context: dict[tuple[int, ...], list[int]] = {}  # last max_n context tokens -> draft (long matches)
+
+    def ends(self, token: int) -> np.ndarray | None:
+        """[n] positions of `token` that have a next token, oldest first; None if there are none."""
+        if token not in self._ends:
+            span = _span(self._end_tokens, token)
+            self._ends[token] = self._ends_by_token[span] if span.stop > span.start else None
+        return self._ends[token]
+
+    def after(self, token: int) -> _After | None:
+        """The positions holding `token` whose next token has a continuation, grouped by that next token."""
+        if token not in self._after:
+            span = _span(self._after_tokens, token)
+            group = None
+            if span.stop > span.start:
+                nexts = self._after_next[span]
+                starts = np.flatnonzero(np.r_[True, nexts[1:] != nexts[:-1]])
+                group = _After(self._after_positions[span], starts, set(nexts[starts].tolist()), nexts[starts].tolist())
+            self._after[token] = group
+        return self._after[token]
+
+    def follows(self, previous: int, token: int) -> bool:
+        """Whether `token` occurs right after `previous` somewhere (with a continuation after it)."""
+        group = self.after(previous)
+        return group is not None and token in group.token_set
+
+    def draft(self, context: Sequence[int]) -> list[int]:
+        """The MAX_DRAFT_TOKENS draft after `context` (its last max_n tokens are read); shorter budgets take a prefix."""
+        ends = self.ends(context[-1]) if len(context) >= self.min_n else None
+        if ends is None:
+            return []
+        if len(context) < 2 or not self.follows(context[-2], context[-1]):
+            return self._memoised((context[-1],), ends) if self.min_n <= 1 else []
+        return self.long_match_draft(tuple(context[-self.max_n:]))
+
+    def long_match_draft(self, tail: tuple[int, ...]) -> list[int]:
+        """draft() of a context whose last max_n tokens are `tail` and whose last two occur together."""
+        draft = self._by_context.get(tail)
+        if draft is None:
+            levels = match_levels(self.history, self.ends(tail[-1]), tail, self.max_n)
+            draft = [] if len(levels) < self.min_n else self._memoised(tail[-len(levels):], levels[-1])
+            self._by_context[tail] = draft
+        return draft
+
+    def unigram_draft(self, token: int) -> list[int] | None:
+        """Draft after a context that matches only its last token; None if not computed yet."""
+        if self.min_n > 1 or self.ends(token) is None:
+            return []
+        return self._drafts.get((token,))
+
+    def fill(self, should_stop: Callable[[], bool]) -> None:
+        """Compute every unigram draft, most frequent token first, until should_stop()."""
+        if self.min_n > 1:
+            return
+        unique, counts = np.unique(self._end_tokens, return_counts=True)
+        for token in unique[np.argsort(-counts, kind="stable")].tolist():
+            if should_stop():
+                return
+            self._memoised((token,), self.ends(token))
+
+    def long_match_outcomes(self, tokens: Sequence[int], context_len: int, draft: Sequence[int]
+                            ) -> dict[tuple[int, int], list[int]]:
+        """Drafts for the outcomes (a, t), t in followers[last kept token], of verifying `draft` after
+        tokens[:context_len] (tokens = context + draft). One backward match per accepted count a serves all its t:
+        matched[p] = how many kept tokens match the history ending at p, and kept grows by one draft token per a,
+        so matched_a[p] = 1 + matched_{a-1}[p - 1] (capped at max_n - 1)."""
+        out: dict[tuple[int, int], list[int]] = {}
+        matched_before: np.ndarray | None = None  # [L] matched_{a-1} at the positions that can extend, else 0
+        for accepted in range(len(draft) + 1):
+            end = context_len + accepted  # tokens kept
+            group = self.after(tokens[end - 1])
+            if group is None:  # no occurrence of the last kept token is followed by a continuable token
+                matched_before = None
+                continue
+            if accepted == 0:
+                matched = self._backward_match(group.positions, tokens[:context_len])
+            else:
+                before = 0 if matched_before is None else matched_before[group.positions - 1]
+                matched = np.minimum(1 + before, self.max_n - 1)
+            matched_before = np.zeros(len(self.history), dtype=np.int64)
+            matched_before[group.positions] = matched
+            length = 1 + matched  # [n] match length of kept + [next token], ending at the next token
+            longest = np.maximum.reduceat(length, group.starts)  # [g] per next token
+            rejected = draft[accepted] if accepted < len(draft) else None  # never emitted after a rejection
+            for g, token in enumerate(group.tokens):
+                if token != rejected:
+                    out[accepted, token] = self._group_draft(tokens, end, token, int(longest[g]),
+                                                             group, g, length)
+        return out
+
+    def _group_draft(self, tokens: Sequence[int], end: int, token: int, n: int, group: "_After", g: int,
+                     length: np.ndarray) -> list[int]:
+        if n < self.min_n:
+            return []
+        suffix = (*tokens[end - n + 1: end], token)
+        draft = self._drafts.get(suffix)
+        if draft is None:
+            span = slice(group.starts[g], group.starts[g + 1] if g + 1 < len(group.starts) else None)
+            draft = self._memoised(suffix, group.positions[span][length[span] == n] + 1)
+        return draft
+
+    def _backward_match(self, positions: np.ndarray, context: Sequence[int]) -> np.ndarray:
+        """[n] how many of the context's last max_n - 1 tokens match the history ending at each position."""
+        matched = np.zeros(len(positions), dtype=np.int64)
+        alive = np.ones(len(positions), dtype=bool)
+        for j in range(min(self.max_n - 1, len(context))):
+            # a SEP stops the match, and one is always met before the array's start (history[0] == SEP)
+            alive &= self.history[positions - j] == context[-1 - j]
+            matched += alive
+        return matched
+
+    def _memoised(self, suffix: tuple[int, ...], ends: np.ndarray) -> list[int]:
+        draft = self._drafts.get(suffix)
+        if draft is None:
+            window = continuation_windows(self.history, ends, MAX_DRAFT_TOKENS)  # [C, MAX_DRAFT_TOKENS]
+            key = (len(window), hash(window.tobytes()))
+            draft = self.votes.get(key)
+            if draft is None:
+                draft = self.votes[key] = vote_continuation(window)
+            self._drafts[suffix] = draft
+        return draft
+
+
+
+
+class _After(NamedTuple):
+    """The positions p holding one token x whose next token p + 1 has a continuation (can end a match)."""
+
+    positions: np.ndarray  # [n] sorted by the next token, then oldest first
+    starts: np.ndarray  # [g] where each next token's run begins in `positions`
+    token_set: set[int]  # the next tokens
+    tokens: list[int]  # [g] the next tokens, in run order
+
+
+def _span(sorted_keys: np.ndarray, key: int) -> slice:
+    key = sorted_keys.dtype.type(key)  # a Python int would make numpy cast the whole array to int64 first
+    return slice(int(np.searchsorted(sorted_keys, key, "left")), int(np.searchsorted(sorted_keys, key, "right")))
+
+
+class OutcomeTable(OutcomeDrafts):
+    """Every outcome of verifying `draft` after `context`: the long-match outcomes (t in followers of the last
+    kept token) come from one pass of PromptIndex.long_match_outcomes; all others share the index's unigram
+    drafts (`shared`)."""
+
+    def __init__(self, index: PromptIndex, context: Sequence[int], draft: Sequence[int]):
+        self.index = self.shared = index
+        self._tokens = [*context[-index.max_n:], *draft]  # context, then the draft
+        self._context_len = len(self._tokens) - len(draft)
+        self._draft = list(draft)
+        self._long: dict[tuple[int, int], list[int]] | None = None  # (accepted, token) -> draft, once filled
+
+    def fill(self, should_stop: Callable[[], bool]) -> None:
+        if self._long is None and not should_stop():
+            self._long = self.index.long_match_outcomes(self._tokens, self._context_len, self._draft)
+
+    def get(self, accepted: int, token: int) -> list[int] | None:
+        if self._long is None:
+            return None
+        draft = self._long.get((accepted, token))
+        if draft is not None:
+            return draft
+        if self.index.follows(self._tokens[self._context_len + accepted - 1], token):
+            return None  # the drafted token itself: not an outcome of a rejection
+        return self.index.unigram_draft(token)
