@@ -17,6 +17,13 @@ def _random_segments(rng, count=12, vocab=VOCAB):
     return [[rng.randrange(vocab) for _ in range(rng.randrange(3, 25))] for _ in range(count)]
 
 
+def _edited_copies(rng, count=12, vocab=30):
+    """Responses as a converging policy writes them: copies of one answer with a few tokens changed, so long
+    matches with occurrences of different lengths are common."""
+    base = [rng.randrange(vocab) for _ in range(30)]
+    return [[rng.randrange(vocab) if rng.random() < 0.1 else t for t in base] for _ in range(count)]
+
+
 def _reference_draft(history, context, min_n, max_n):
     _, ends = longest_match(history, context[-max_n:], min_n, max_n)
     return frequent_continuation(history, ends, MAX_DRAFT_TOKENS)
@@ -33,20 +40,25 @@ def test_index_drafts_like_the_plain_scan(min_n, max_n):
             assert index.draft(context) == _reference_draft(history, context, min_n, max_n), context
 
 
-@pytest.mark.parametrize("vocab", [VOCAB, 30])
+@pytest.mark.parametrize("histories", ["random6", "random30", "edited"])
 @pytest.mark.parametrize("min_n,max_n", [(1, 4), (2, 4)])
-def test_outcome_table_answers_every_outcome_like_synchronous_drafting(min_n, max_n, vocab):
+def test_outcome_table_answers_every_outcome_like_synchronous_drafting(min_n, max_n, histories):
     rng = random.Random(min_n)
+    vocab = 6 if histories == "random6" else 30
+    segments = _edited_copies(rng) if histories == "edited" else _random_segments(rng, vocab=vocab)
     config = SpeculationConfig(min_match=min_n, max_match=max_n)
     drafter, reference = build_drafter(config), build_drafter(config)  # reference: nothing memoised by tables
     prompt = [0, 1, 2]
     key = prompt_key(prompt)
-    for segment in _random_segments(rng, vocab=vocab):
+    for segment in segments:
         drafter.observe(key, prompt, segment)
         reference.observe(key, prompt, segment)
     answered = 0
     for _ in range(30):
-        request = DraftRequest(0, key, prompt, [rng.randrange(vocab) for _ in range(rng.randrange(0, 10))])
+        source = rng.choice(segments)  # contexts that match the history, as a policy's own answers do
+        cut = rng.randrange(0, len(source))
+        output = [rng.randrange(vocab) if rng.random() < 0.2 else t for t in source[:cut]]
+        request = DraftRequest(0, key, prompt, output)
         draft = drafter.propose([request], [MAX_DRAFT_TOKENS])[0] or [rng.randrange(vocab)]
         table = drafter.outcome_drafts(request, draft)
         table.fill(lambda: False)
