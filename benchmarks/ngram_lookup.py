@@ -2,39 +2,46 @@
 
 Launch:  python benchmarks/ngram_lookup.py [--responses 16] [--lengths 512 2048 8192] [--queries 300]
 
-Three index structures over one prompt's history (R responses of L tokens, each an edited copy of the
-previous policy's answer, vocab 32k), all followed by the same most-frequent continuation walk:
-  scan   numpy scan of the flat history for the last context token, then backward extension (what
-         history_cache.py uses: nothing to build, nothing to keep besides the tokens)
+Four structures over one prompt's history (R responses of L tokens, each an edited copy of the previous
+policy's answer, vocab 32k), all followed by the same most-frequent continuation walk:
+  scan   numpy scan of the flat history for the last context token, then backward extension
   hash   dict from min_match-gram to end positions, then the same backward extension
+  index  PromptIndex (what ngram_rl uses): two sorts of the flat history per version, per-token binary
+         searches memoised on first use, then the same backward extension
   sam    suffix automaton (pure Python), walking the context through it for the longest match
-Reported: insert cost per response token, lookup cost (match + 16-token draft), index memory per token.
+Reported: insert (build) cost per history token, cold lookup cost (match + 16-token draft; each pass builds
+afresh, so no draft memo carries over), index memory per token.
 
-Measured here (2 shared CPU cores at load average ~4.3 from other jobs, numpy 2.4, R=16, min_match=2,
-max_match=8, budget 16; best of 3 passes of 300 queries; repeated runs moved lookup times by up to 2x):
+Measured here (2 CPU cores, load average ~0.8, numpy 2.4, R=16, min_match=2, max_match=8, budget 16; best
+of 3 passes of 300 queries; repeated runs move lookup times by up to 2x):
 
     L      method  insert us/token  lookup us  index bytes/token
-    512    scan          0.03           45.8           0
-    512    hash          0.43           41.8          84
-    512    sam           1.52            7.8         564
-    2048   scan          0.03           53.1           0
-    2048   hash          0.82           65.1          93
-    2048   sam           2.90           14.7         578
-    8192   scan          0.05          140.8           0
-    8192   hash          1.36           75.9          98
-    8192   sam           2.85           12.5         581
+    512    scan          0.03           29.8           0
+    512    hash          0.40           26.1          84
+    512    index         0.23           40.3          20
+    512    sam           1.28           10.9         564
+    2048   scan          0.03           35.4           0
+    2048   hash          0.42           25.3          93
+    2048   index         0.25           50.1          20
+    2048   sam           1.27           10.3         578
+    8192   scan          0.04           65.2           0
+    8192   hash          0.59           27.9          98
+    8192   index         0.30           57.4          20
+    8192   sam           2.19           14.7         581
 
 (sam drafts from the first occurrence only, with no vote among occurrences, so its lookup is a lower
 bound; a voting automaton needs occurrence counts kept up to date on every insert.)
 
-Choice: the scan. A GRPO step observes thousands of responses and the cache holds millions of tokens:
-the hash index costs 0.4-1.4 us of Python per inserted token on the engine thread (about 1 ms per
-1k-token response) and ~90 bytes per token (the 4M-token default cache would carry ~360 MB of index next
-to 16 MB of tokens); the automaton is worse on both (~570 bytes per token). The scan needs neither. Its
-lookup is at most ~2x the hash index's at these sizes, 50-140 us per sequence, small next to a target
-forward (4-440 ms on CPU per the notes), and it runs in the prefetch thread when prefetch is on. The
-suffix baseline drafter, whose single global history grows to millions of tokens, does use a hash index
-(drafters/suffix.py), where a scan would not scale.
+Choice: the flat array, indexed per version. A GRPO step observes thousands of responses and the cache
+holds millions of tokens: the hash index costs 0.4-0.6 us of Python per inserted token on the engine thread
+and ~90 bytes per token (the 4M-token default cache would carry ~360 MB of index next to 16 MB of tokens);
+the automaton is worse on both (~570 bytes per token). Inserting into the flat array costs nothing per
+token. PromptIndex is built only for prompts being drafted, in C sorts (0.2-0.3 us and 20 bytes per token),
+and its cold lookups are within 1.5x of the scan's. What it buys is the warm path: siblings and rounds repeat
+contexts, so most drafts are memo reads, and the drafts for every outcome of a verification can be laid
+out at once (prompt_index.OutcomeTable, measured by benchmarks/ngram_rollout.py). The suffix baseline
+drafter, whose single global history grows to millions of tokens, uses a hash index (drafters/suffix.py),
+where a scan would not scale.
 """
 
 from __future__ import annotations

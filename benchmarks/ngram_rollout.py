@@ -7,7 +7,10 @@ without speculation, asynchronous vs synchronous prefetch.
    final policy as a Hugging Face model.
 2. Replays each step's rollouts through every drafter (verl_ext.speculation.offline: exact in distribution)
    and reports accepted tokens per target forward per step (PNG) and over the final 30% of steps.
-3. In one process, generates the final steps' prompts at temperature 1.0 with the final policy: no
+3. Replays the final steps with ngram_rl, drafting synchronously and with prefetch run to completion:
+   prefetch coverage (outcomes whose draft was ready) and the host time per verification round each puts on
+   the critical path, plus the prefetch work that must fit inside the verification forward.
+4. In one process, generates the final steps' prompts at temperature 1.0 with the final policy: no
    speculation, ngram_rl with synchronous drafting, with prefetch overlapping the device's forward (on CPU
    the forward is synchronous, so nothing overlaps) and with prefetch in a background thread.
 """
