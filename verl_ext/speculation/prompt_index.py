@@ -121,7 +121,8 @@ class PromptIndex:
             if accepted == 0:
                 matched = self._backward_match(group.positions, tokens[:context_len])
             else:
-                before = 0 if matched_before is None else matched_before[group.positions - 1]
+                before = (np.zeros(len(group.positions), dtype=np.int64) if matched_before is None
+                          else matched_before[group.positions - 1])
                 matched = np.minimum(1 + before, self.max_n - 1)
             matched_before = np.zeros(len(self.history), dtype=np.int64)
             matched_before[group.positions] = matched
@@ -134,8 +135,9 @@ class PromptIndex:
                                                              group, g, length)
         return out
 
-    def _group_draft(self, tokens: Sequence[int], end: int, token: int, n: int, group: "_After", g: int,
+    def _group_draft(self, tokens: Sequence[int], end: int, token: int, n: int, group: _After, g: int,
                      length: np.ndarray) -> list[int]:
+        """Draft of kept + [token], whose longest match is n tokens long (n < min_n: none)."""
         if n < self.min_n:
             return []
         suffix = (*tokens[end - n + 1: end], token)
@@ -165,8 +167,6 @@ class PromptIndex:
                 draft = self.votes[key] = vote_continuation(window)
             self._drafts[suffix] = draft
         return draft
-
-
 
 
 class _After(NamedTuple):
