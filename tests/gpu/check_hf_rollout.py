@@ -40,7 +40,8 @@ def main() -> None:
         method: SpeculationConfig(method=method, num_draft_tokens=BUDGET, prefetch=False, adaptive=False)
         for method in ("ngram_rl", "prompt_lookup", "suffix")
     }
-    outputs = time_rollouts(model_dir, steps[:cut], steps[cut:], 64, "cuda", temperature=0.0, variants=greedy)
+    outputs = time_rollouts(model_dir, steps[:cut], steps[cut:], 64, "cuda", temperature=0.0, variants=greedy,
+                            repeats=1)
     reference = outputs["none"][2]
     for method in ("ngram_rl", "prompt_lookup", "suffix"):
         same = sum(a == b for a, b in zip(outputs[method][2], reference))
@@ -49,12 +50,12 @@ def main() -> None:
 
     # On a GPU verification of 1 + 16 tokens costs about what 1 token does at these sizes: no adaptive cut.
     report_timings("T=1.0", time_rollouts(model_dir, steps[:cut], steps[cut:], 64, "cuda", temperature=1.0,
-                                          variants=default_variants(adaptive=False)))
+                                          variants=default_variants(adaptive=False), repeats=2))
     # This policy is tiny: the GPU is done by the time the host returns from launching the forward, so there
     # is nothing to overlap. A large model keeps the GPU busy after that; emulate it with a spin kernel.
     with busy_gpu_after_forward(args.busy_ms):
         timed = time_rollouts(model_dir, steps[:cut], steps[cut:], 64, "cuda", temperature=1.0,
-                              variants=default_variants(adaptive=False))
+                              variants=default_variants(adaptive=False), repeats=2)
     report_timings(f"T=1.0, GPU busy {args.busy_ms:g} ms after each forward", timed)
 
 

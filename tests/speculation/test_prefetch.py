@@ -119,7 +119,8 @@ def test_stale_prefetch_is_not_used_after_observe():
     prefetcher = DraftPrefetcher(drafter, interrupt_on_collect=False)
     req = DraftRequest(0, key, PROMPTS[0], [1])
     prefetcher.submit([req], [[2]])
-    drafter.observe(key, PROMPTS[0], [1, 2, 3, 9, 9])  # a sibling finished after submit
+    prefetcher.overlap(lambda: False)  # prefetched while the device verifies
+    drafter.observe(key, PROMPTS[0], [1, 2, 3, 9, 9])  # then a sibling finished
     after = DraftRequest(0, key, PROMPTS[0], [1, 2, 3])  # draft [2] accepted, then 3
     assert prefetcher.collect([after], [8]) == drafter.propose([after], [8])
     assert prefetcher.stats.hits == 0 and prefetcher.stats.lookups == 1 and prefetcher.stats.stale == 1

@@ -76,22 +76,29 @@ class DraftPrefetcher:
     def submit(self, requests: Sequence[DraftRequest], drafts: Sequence[Sequence[int]]) -> None:
         """Start prefetching the drafts that follow each request's possible outcomes."""
         self._finish()
+        if not self.threaded:
+            self._queued = (requests, drafts)  # overlap() runs it before the caller's outputs grow
+            return
         # Snapshot outputs: the engine appends to its lists while the worker reads.
         snapshot = [DraftRequest(r.seq_id, r.prompt_key, r.prompt_tokens, list(r.output_tokens)) for r in requests]
-        self._pending = {r.seq_id: _Pending(len(r.output_tokens), list(d), self.drafter.version(r.prompt_key))
-                         for r, d in zip(snapshot, drafts)}
-        work = (snapshot, [list(d) for d in drafts], self._pending)
-        if self.threaded:
-            self._stop = threading.Event()
-            self._future = self._executor.submit(self._work, *work, self._stop.is_set)
-        else:
-            self._queued = work
+        self._stop = threading.Event()
+        self._future = self._executor.submit(self._work, *self._start(snapshot, drafts), self._stop.is_set)
 
     def overlap(self, device_done: Callable[[], bool]) -> None:
         """Overlap mode: prefetch on this thread until device_done() (the verification forward finished)."""
-        if self._queued is not None:
-            work, self._queued = self._queued, None
-            self._run_inline(work, device_done if self.interrupt_on_collect else _never)
+        if self._queued is None:
+            return
+        (requests, drafts), self._queued = self._queued, None
+        should_stop = device_done if self.interrupt_on_collect else _never
+        if not should_stop():  # a device that is already done (CPU) leaves nothing to overlap: no cost
+            self._run_inline(self._start(requests, drafts), should_stop)
+
+    def _start(self, requests: Sequence[DraftRequest], drafts: Sequence[Sequence[int]]) -> tuple:
+        """Record what each sequence submitted (looked up at collect); returns the worker's arguments."""
+        drafts = [list(d) for d in drafts]
+        self._pending = {r.seq_id: _Pending(len(r.output_tokens), d, self.drafter.version(r.prompt_key))
+                         for r, d in zip(requests, drafts)}
+        return requests, drafts, self._pending
 
     def _run_inline(self, work: tuple, should_stop: Callable[[], bool]) -> None:
         try:
@@ -141,9 +148,9 @@ class DraftPrefetcher:
 
     def _finish(self) -> None:
         if self._queued is not None:  # overlap mode, and overlap() was not called
-            work, self._queued = self._queued, None
+            (requests, drafts), self._queued = self._queued, None
             if not self.interrupt_on_collect:  # deterministic hits: do all of it now
-                self._run_inline(work, _never)
+                self._run_inline(self._start(requests, drafts), _never)
         if self._future is None:
             return
         if self.interrupt_on_collect:

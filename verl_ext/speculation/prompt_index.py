@@ -4,8 +4,8 @@ A context ending in (x, t) whose pair never occurs in the history matches exactl
 draft depends on t alone (a unigram draft, shared by every context that ends that way). Only the tokens
 that follow x somewhere in the history (`followers[x]`) need the longer match. Drafts are memoised by the
 matched suffix, which determines them: the occurrences that vote are exactly those of that suffix. Across
-versions (a response added or dropped), a draft is reused when the windows that vote on it are unchanged:
-most tokens' windows are untouched by one more response.
+versions (a response added or dropped), a draft is reused when the windows that vote on it are unchanged
+(`votes`, keyed by their content): most tokens' windows are untouched by one more response.
 
 This is also what makes complete prefetch cheap (OutcomeTable below): after verifying a draft d, every
 outcome (a accepted, then t) has the unigram draft of t, except the few t in followers[d[a - 1]].
@@ -21,16 +21,14 @@ from verl_ext.speculation.config import MAX_DRAFT_TOKENS
 from verl_ext.speculation.drafters.base import OutcomeDrafts
 from verl_ext.speculation.ngram_match import SEP, continuation_windows, match_levels, vote_continuation
 
-_MAX_VOTES = 8192  # reused drafts kept per prompt; past this the next index starts afresh
-
 
 class PromptIndex:
     def __init__(self, history: np.ndarray, version: int, min_n: int, max_n: int,
                  votes: dict[tuple[int, int], list[int]] | None = None):
         # history: [L] int32, ngram_match layout (history[0] == SEP, SEP padding at the end)
-        # votes: (rows, hash of the voting windows) -> draft, carried over from the prompt's previous index
+        # votes: (rows, hash of the voting windows) -> draft; shared with earlier indexes (the owner bounds it)
         self.history, self.version = history, version
-        self.votes = {} if votes is None or len(votes) > _MAX_VOTES else votes
+        self.votes = {} if votes is None else votes
         self.min_n, self.max_n = min_n, max_n
         # Two sorts per version, no per-token Python: token lookups are binary searches, memoised on first use.
         ends = np.flatnonzero((history[:-1] != SEP) & (history[1:] != SEP)).astype(np.int32)  # [E] continuable
@@ -60,7 +58,7 @@ class PromptIndex:
             group = None
             if span.stop > span.start:
                 nexts = self._after_next[span]
-                starts = np.flatnonzero(np.r_[True, nexts[1:] != nexts[:-1]])
+                starts = np.concatenate(([0], np.flatnonzero(nexts[1:] != nexts[:-1]) + 1))  # next token changes
                 group = _After(self._after_positions[span], starts, set(nexts[starts].tolist()), nexts[starts].tolist())
             self._after[token] = group
         return self._after[token]

@@ -11,7 +11,10 @@ from verl_ext.speculation.drafters.base import DraftRequest, Drafter, DrafterSta
 from verl_ext.speculation.history_cache import HistoryCache
 from verl_ext.speculation.prompt_index import OutcomeTable, PromptIndex
 
-_MAX_INDEXES = 1024  # prompts whose index is kept (a GRPO batch touches batch_size / n of them per step)
+# Indexes kept, least recently used dropped first: a step drafts for its own prompts (an index is rebuilt whenever
+# its prompt's history changes), at ~20 bytes per indexed history token.
+_MAX_INDEXES = 1024
+_MAX_VOTES = 65_536  # drafts kept for reuse by their voting windows, all prompts together (~40 MB at most)
 
 
 class _NoHistory(OutcomeDrafts):
@@ -33,8 +36,9 @@ class NgramRLDrafter(Drafter):
         self.min_n, self.max_n = config.min_match, config.max_match
         self.cache = HistoryCache(config.cache_max_tokens, config.max_responses_per_prompt, tail_len=config.max_match)
         self._observed = 0
-        self._indexes: OrderedDict[int, PromptIndex] = OrderedDict()  # prompt key -> index, oldest built first
-        self._indexes_lock = threading.Lock()
+        self._indexes: OrderedDict[int, PromptIndex] = OrderedDict()  # prompt key -> index, least recently used first
+        self._indexes_lock = threading.Lock()  # the prefetch thread builds and reads indexes too
+        self._votes: dict[tuple[int, int], list[int]] = {}  # shared by all indexes: the key is the windows' content
 
     def propose(self, requests: Sequence[DraftRequest], budgets: Sequence[int]) -> list[list[int]]:
         return [self._draft(request, budget) for request, budget in zip(requests, budgets)]
@@ -53,14 +57,19 @@ class NgramRLDrafter(Drafter):
         if snapshot is None:
             return None
         history, version = snapshot
-        index = self._indexes.get(prompt_key)
-        if index is None or index.version != version:
-            index = PromptIndex(history, version, self.min_n, self.max_n, None if index is None else index.votes)
-            with self._indexes_lock:  # the prefetch thread builds indexes too
-                self._indexes.pop(prompt_key, None)
-                while len(self._indexes) >= _MAX_INDEXES:
-                    self._indexes.popitem(last=False)
-                self._indexes[prompt_key] = index
+        with self._indexes_lock:
+            index = self._indexes.get(prompt_key)
+            if index is not None and index.version == version:
+                self._indexes.move_to_end(prompt_key)
+                return index
+        index = PromptIndex(history, version, self.min_n, self.max_n, self._votes)
+        with self._indexes_lock:
+            if len(self._votes) > _MAX_VOTES:
+                self._votes.clear()
+            self._indexes.pop(prompt_key, None)
+            while len(self._indexes) >= _MAX_INDEXES:
+                self._indexes.popitem(last=False)
+            self._indexes[prompt_key] = index
         return index
 
     def observe(self, prompt_key: int, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> None:
