@@ -247,6 +247,8 @@ def main() -> None:
     print(f"\nRollout wall-clock, final {len(steps) - cut} steps' prompts, temperature 1.0, one process:")
     for name, (tokens_per_s, metrics, _) in timings.items():
         print(f"  {name:<15} {describe_timing(tokens_per_s, metrics, base)}")
+    print("  (async: on CPU the forward has finished when the host gets back, so the overlap worker has nothing to "
+          "overlap and does nothing; coverage is the replay's above and the thread worker's)")
     print(f"\nplot: {out / 'accepted_per_forward.png'}")
 
 
