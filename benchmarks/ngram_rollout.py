@@ -87,17 +87,20 @@ class _TimedSpeculator(Speculator):
         self.overlap_s += time.perf_counter() - start
 
 
-def prefetch_replay(steps, cut: int) -> dict[str, tuple[float, float, float | None]]:
-    """Replay the final steps (history warmed by steps[:cut]) with synchronous drafting and with complete
-    prefetch: name -> (critical-path drafting ms/round, prefetch ms/round, coverage or None)."""
+def prefetch_replay(steps, cut: int, windows_ms=(1, 2, 5, 10, 20)) -> dict:
+    """Replay the final steps (history warmed by steps[:cut]) with synchronous drafting, with complete prefetch,
+    and with prefetch cut off after each window of host time per round (what a forward of that length leaves):
+    name -> (critical-path drafting ms/round, prefetch ms/round, coverage or None)."""
+    variants = [("sync", False, None), ("complete", True, None)] + [(f"{w} ms", True, w) for w in windows_ms]
     out = {}
-    for name, prefetch in (("sync", False), ("prefetch", True)):
+    for name, prefetch, window_ms in variants:
         speculator = _TimedSpeculator(SpeculationConfig(num_draft_tokens=BUDGET, prefetch=prefetch, adaptive=False))
-        if prefetch:
+        if prefetch and window_ms is None:
             speculator.prefetcher.interrupt_on_collect = False  # as if every forward left time for all of it
-        replay_steps(speculator, steps[:cut])
+        busy_s = (window_ms or 0) / 1e3
+        replay_steps(speculator, steps[:cut], busy_s)
         speculator.rounds, speculator.propose_s, speculator.overlap_s = 0, 0.0, 0.0
-        metrics = replay_steps(speculator, steps[cut:])
+        metrics = replay_steps(speculator, steps[cut:], busy_s)
         lookups = sum(m.prefetch_lookups for m in metrics)
         coverage = sum(m.prefetch_hits for m in metrics) / lookups if lookups else None
         rounds = max(1, speculator.rounds)
@@ -236,11 +239,14 @@ def main() -> None:
 
     cut = len(steps) - max(1, round(len(steps) * FINAL_SHARE))
     replayed = prefetch_replay(steps, cut)
-    sync_ms, prefetch_ms = replayed["sync"][0], replayed["prefetch"]
     print(f"\nPrefetch, replayed over the final {len(steps) - cut} steps (host time per verification round):")
-    print(f"  synchronous drafting {sync_ms:6.2f} ms on the critical path")
-    print(f"  complete prefetch    {prefetch_ms[0]:6.2f} ms on the critical path + {prefetch_ms[1]:.2f} ms of prefetch "
-          f"to hide behind the verification forward; coverage {prefetch_ms[2]:.1%}")
+    print(f"  synchronous drafting {replayed['sync'][0]:6.2f} ms on the critical path")
+    critical, work, coverage = replayed["complete"]
+    print(f"  complete prefetch    {critical:6.2f} ms on the critical path + {work:.2f} ms of prefetch to hide behind "
+          f"the verification forward; coverage {coverage:.1%}")
+    cut_off = [name for name in replayed if name.endswith(" ms")]
+    print("  coverage when the forward leaves only so much host time per round: "
+          + ", ".join(f"{name} {replayed[name][2]:.1%}" for name in cut_off))
     model_dir = out / "checkpoints" / f"global_step_{len(steps)}" / "actor" / "huggingface"
     timings = time_rollouts(model_dir, steps[:cut], steps[cut:], response_length=64)
     base = timings["none"][0]

@@ -6,12 +6,13 @@ emits x. So the accepted-length statistics of a replay equal those of running th
 
 The responses of one training step are replayed in lockstep through a Speculator, as the engine drives it:
 one target forward per round for every unfinished response, finished responses observed (siblings draft
-from them from the round after next), prefetch submitted and run (to completion when the prefetcher's
-interrupt_on_collect is off, as if the device took its time). Draft lengths follow the Speculator's config:
+from them from the round after next), prefetch submitted and run for `device_busy_s` of host time per round
+(to completion when the prefetcher's interrupt_on_collect is off). Draft lengths follow the Speculator's config:
 adaptive=False with num_draft_tokens=B scores a fixed budget B.
 """
 
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -38,8 +39,10 @@ class _Replay:
         return self.done >= len(self.response)
 
 
-def replay_step(speculator: Speculator, rollouts: Sequence[tuple[list[int], list[int]]]) -> SpecMetrics:
-    """Score the speculator's drafter on one step's (prompt, response) pairs; updates its history as the engine does."""
+def replay_step(speculator: Speculator, rollouts: Sequence[tuple[list[int], list[int]]],
+                device_busy_s: float = 0.0) -> SpecMetrics:
+    """Score the speculator's drafter on one step's (prompt, response) pairs; updates its history as the engine does.
+    device_busy_s: host time each verification forward leaves for prefetch (as a GPU-bound forward would)."""
     speculator.take_metrics()  # this step's counters only
     active = [_Replay(list(p), list(r)) for p, r in rollouts if r]
     while True:
@@ -53,7 +56,8 @@ def replay_step(speculator: Speculator, rollouts: Sequence[tuple[list[int], list
         requests = [DraftRequest(a.seq_id, a.key, a.prompt, a.response[: a.done]) for a in active]
         # as in the engine: never draft past the response's end, one token always follows the draft
         drafts = speculator.propose(requests, limits=[len(a.response) - a.done - 1 for a in active])
-        speculator.overlap(_device_done)
+        busy_until = time.perf_counter() + device_busy_s
+        speculator.overlap(lambda: time.perf_counter() >= busy_until)
         accepted = [_matched_prefix(d, a.response[a.done :]) for d, a in zip(drafts, active)]
         speculator.record(requests, drafts, accepted)
         for replay, n in zip(active, accepted):
@@ -61,12 +65,9 @@ def replay_step(speculator: Speculator, rollouts: Sequence[tuple[list[int], list
     return speculator.take_metrics()
 
 
-def replay_steps(speculator: Speculator, steps: Iterable[Sequence[tuple[list[int], list[int]]]]) -> list[SpecMetrics]:
-    return [replay_step(speculator, rollouts) for rollouts in steps]
-
-
-def _device_done() -> bool:
-    return True  # no device here: prefetch runs only when the prefetcher is told to finish its work anyway
+def replay_steps(speculator: Speculator, steps: Iterable[Sequence[tuple[list[int], list[int]]]],
+                 device_busy_s: float = 0.0) -> list[SpecMetrics]:
+    return [replay_step(speculator, rollouts, device_busy_s) for rollouts in steps]
 
 
 def _matched_prefix(draft: Sequence[int], actual: Sequence[int]) -> int:
