@@ -115,3 +115,48 @@ def test_token_never_followed_in_the_history_gets_a_known_empty_draft():
     assert index.unigram_draft(2) is None  # not computed yet
     index.fill(lambda: False)
     assert index.unigram_draft(2) == [3, 4]
+
+
+def test_drafts_stay_exact_when_memos_carry_over_to_new_versions():
+    # Responses come and go (FIFO of 4), and each new version keeps the previous one's still-valid drafts.
+    rng = random.Random(3)
+    config = SpeculationConfig(min_match=1, max_match=4, max_responses_per_prompt=4)
+    drafter = build_drafter(config)
+    prompt = [0, 1, 2]
+    key = prompt_key(prompt)
+    segments = _edited_copies(rng, count=16)
+    for count, segment in enumerate(segments, start=1):
+        drafter.observe(key, prompt, segment)
+        reference = build_drafter(config)  # built from scratch: nothing carried
+        for earlier in segments[max(0, count - 4): count]:
+            reference.observe(key, prompt, earlier)
+        for _ in range(20):
+            source = rng.choice(segments)
+            cut = rng.randrange(0, len(source))
+            request = DraftRequest(0, key, prompt, [rng.randrange(30) if rng.random() < 0.1 else t for t in source[:cut]])
+            draft = reference.propose([request], [MAX_DRAFT_TOKENS])[0]
+            assert drafter.propose([request], [MAX_DRAFT_TOKENS])[0] == draft
+            table = drafter.outcome_drafts(request, draft)
+            table.fill(lambda: False)
+            table.shared.fill(lambda: False)
+            for accepted in range(len(draft) + 1):
+                token = source[cut + accepted] if cut + accepted < len(source) else 0
+                if accepted < len(draft) and token == draft[accepted]:
+                    continue
+                after = request.extended([*draft[:accepted], token])
+                assert table.get(accepted, token) == reference.propose([after], [MAX_DRAFT_TOKENS])[0]
+
+
+def test_history_cache_names_the_tokens_that_changed_between_versions():
+    from verl_ext.speculation.history_cache import HistoryCache
+
+    cache = HistoryCache(max_tokens=1000, max_responses_per_prompt=2, tail_len=1)
+    cache.add(1, [9], [1, 2])
+    first = cache.version(1)
+    cache.add(1, [9], [3, 4])
+    second = cache.version(1)
+    cache.add(1, [9], [5])  # drops [9, 1, 2]
+    assert cache.changed_tokens(1, first, second) == {9, 3, 4}
+    assert cache.changed_tokens(1, second, cache.version(1)) == {9, 5, 1, 2}
+    assert cache.changed_tokens(1, first, cache.version(1)) == {9, 1, 2, 3, 4, 5}
+    assert cache.changed_tokens(1, 12345, cache.version(1)) is None  # not a version of this prompt

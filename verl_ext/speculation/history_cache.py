@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -24,6 +24,7 @@ from verl_ext.speculation.ngram_match import PAD, SEP
 
 _PADDING = np.full(PAD, SEP, dtype=np.int32)
 _PAD_LIST = [SEP] * PAD
+_LOG_LENGTH = 64  # changes remembered per prompt (a step adds n responses and drops as many)
 
 
 @dataclass
@@ -31,6 +32,8 @@ class _Entry:
     history: np.ndarray  # [num_tokens + PAD] int32, ngram_match layout
     starts: list[int]  # [num_responses] offset of each segment in `history`, oldest first
     version: int
+    # recent changes: (version before, version after, tokens of the segment added or dropped)
+    log: list[tuple[int, int, frozenset[int]]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -70,6 +73,22 @@ class HistoryCache:
             entry = self._entries.get(prompt_key)
             return None if entry is None else (entry.history, entry.version)
 
+    def changed_tokens(self, prompt_key: int, since: int, until: int) -> set[int] | None:
+        """Tokens of the segments added or dropped between two versions of a prompt's history (a draft whose
+        matched tokens avoid them is unchanged); None when the log does not reach back that far."""
+        with self._lock:
+            entry = self._entries.get(prompt_key)
+            log = [] if entry is None else entry.log
+            start = next((i for i, (before, _, _) in enumerate(log) if before == since), None)
+            if start is None:
+                return None
+            changed: set[int] = set()
+            for _, after, tokens in log[start:]:
+                changed |= tokens
+                if after == until:
+                    return changed
+            return None
+
     def version(self, prompt_key: int) -> int:
         entry = self._entries.get(prompt_key)
         return 0 if entry is None else entry.version
@@ -90,19 +109,21 @@ class HistoryCache:
             self._num_tokens += len(segment)
             while len(entry.starts) > self.max_responses:
                 self._drop_oldest_response(prompt_key, entry)
-            self._touch(entry)
+            self._touch(entry, frozenset(segment[1:]))
             self._evict()
 
-    def _touch(self, entry: _Entry) -> None:
+    def _touch(self, entry: _Entry, changed: frozenset[int]) -> None:
         self._clock += 1
+        entry.log = [*entry.log[1 - _LOG_LENGTH:], (entry.version, self._clock, changed)]
         entry.version = self._clock
 
     def _drop_oldest_response(self, prompt_key: int, entry: _Entry) -> None:
         cut = entry.starts[1] if len(entry.starts) > 1 else entry.num_tokens
+        dropped = frozenset(entry.history[1:cut].tolist()) - {SEP}
         entry.history = entry.history[cut:].copy()  # a view would keep the dropped tokens alive
         entry.starts = [s - cut for s in entry.starts[1:]]
         self._num_tokens -= cut
-        self._touch(entry)
+        self._touch(entry, dropped)
         if not entry.starts:
             del self._entries[prompt_key]
 
@@ -130,5 +151,6 @@ class HistoryCache:
                 entry = _Entry(np.concatenate([np.asarray(tokens, dtype=np.int32), _PADDING]), list(starts), 0)
                 self._entries[int(key)] = entry
                 self._num_tokens += entry.num_tokens
-                self._touch(entry)
+                self._touch(entry, frozenset())
+                entry.log = []  # nothing before a restore to compare with
             self._evict()

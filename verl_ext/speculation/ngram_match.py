@@ -92,6 +92,8 @@ def vote_continuation(window: np.ndarray, min_prob: float = 0.0) -> list[int]:
     draft: list[int] = []
     prob = 1.0
     for j in range(window.shape[1]):
+        if len(rows) == 1:  # one occurrence left: it is the draft, up to its end (vote shares stay 1)
+            return draft + until_sep(rows[0][j:])
         column = [row[j] for row in rows]
         token = column[0]
         if column.count(token) < len(column):  # the survivors disagree: vote

@@ -24,9 +24,10 @@ from verl_ext.speculation.ngram_match import SEP, continuation_windows, match_le
 
 class PromptIndex:
     def __init__(self, history: np.ndarray, version: int, min_n: int, max_n: int,
-                 votes: dict[tuple[int, int], list[int]] | None = None):
+                 votes: dict[tuple[int, int], list[int]] | None = None, carried: tuple[dict, dict] | None = None):
         # history: [L] int32, ngram_match layout (history[0] == SEP, SEP padding at the end)
         # votes: (rows, hash of the voting windows) -> draft; shared with earlier indexes (the owner bounds it)
+        # carried: the previous version's memos that still hold (carry_over)
         self.history, self.version = history, version
         self.votes = {} if votes is None else votes
         self.min_n, self.max_n = min_n, max_n
@@ -41,8 +42,16 @@ class PromptIndex:
         self._after_tokens, self._after_next, self._after_positions = previous[order], nexts[order], positions[order]
         self._ends: dict[int, np.ndarray | None] = {}
         self._after: dict[int, _After | None] = {}
-        self._drafts: dict[tuple[int, ...], list[int]] = {}  # matched suffix -> MAX_DRAFT_TOKENS draft
-        self._by_context: dict[tuple[int, ...], list[int]] = {}  # last max_n context tokens -> draft (long matches)
+        # matched suffix -> MAX_DRAFT_TOKENS draft; last max_n context tokens -> draft (long matches)
+        self._drafts, self._by_context = carried if carried is not None else ({}, {})
+        self._levels: dict[tuple[int, ...], dict[int, list[int]]] = {}  # last max_n - 1 kept tokens -> {t: draft}
+
+    def carry_over(self, changed: set[int]) -> tuple[dict, dict]:
+        """The memos a next version keeps when the segments added or dropped hold only `changed` tokens: a key
+        whose last token is not among them has the same occurrences (every suffix of it ends in that token),
+        and a draft reads only its occurrences' own segments."""
+        return ({key: d for key, d in self._drafts.items() if key[-1] not in changed},
+                {key: d for key, d in self._by_context.items() if key[-1] not in changed})
 
     def ends(self, token: int) -> np.ndarray | None:
         """[n] positions of `token` that have a next token, oldest first; None if there are none."""
@@ -107,38 +116,47 @@ class PromptIndex:
         """Drafts for the outcomes (a, t), t in followers[last kept token], of verifying `draft` after
         tokens[:context_len] (tokens = context + draft). One backward match per accepted count a serves all its t:
         matched[p] = how many kept tokens match the history ending at p, and kept grows by one draft token per a,
-        so matched_a[p] = 1 + matched_{a-1}[p - 1] (capped at max_n - 1)."""
+        so matched_a[p] = 1 + matched_{a-1}[p - 1] (capped at max_n - 1). Each a's answers depend only on the
+        last max_n - 1 kept tokens, so siblings on the same path share them."""
         out: dict[tuple[int, int], list[int]] = {}
-        matched_before: np.ndarray | None = None  # [L] matched_{a-1} at the positions that can extend, else 0
+        matched_before: np.ndarray | None = None  # [L] matched_{a-1} where it can extend, 0 elsewhere; None: unknown
         for accepted in range(len(draft) + 1):
             end = context_len + accepted  # tokens kept
-            group = self.after(tokens[end - 1])
-            if group is None:  # no occurrence of the last kept token is followed by a continuable token
-                matched_before = None
-                continue
-            if accepted == 0:
-                matched = self._backward_match(group.positions, tokens[:context_len])
+            kept = tuple(tokens[max(0, end - self.max_n + 1): end])
+            level = self._levels.get(kept)
+            if level is None:
+                level, matched_before = self._level(kept, matched_before)
+                self._levels[kept] = level
             else:
-                before = (np.zeros(len(group.positions), dtype=np.int64) if matched_before is None
-                          else matched_before[group.positions - 1])
-                matched = np.minimum(1 + before, self.max_n - 1)
-            matched_before = np.zeros(len(self.history), dtype=np.int64)
-            matched_before[group.positions] = matched
-            length = 1 + matched  # [n] match length of kept + [next token], ending at the next token
-            longest = np.maximum.reduceat(length, group.starts)  # [g] per next token
+                matched_before = None
             rejected = draft[accepted] if accepted < len(draft) else None  # never emitted after a rejection
-            for g, token in enumerate(group.tokens):
-                if token != rejected:
-                    out[accepted, token] = self._group_draft(tokens, end, token, int(longest[g]),
-                                                             group, g, length)
+            out.update(((accepted, token), d) for token, d in level.items() if token != rejected)
         return out
 
-    def _group_draft(self, tokens: Sequence[int], end: int, token: int, n: int, group: _After, g: int,
+    def _level(self, kept: tuple[int, ...], matched_before: np.ndarray | None
+               ) -> tuple[dict[int, list[int]], np.ndarray | None]:
+        """({t: draft of kept + [t]} for t in followers[kept[-1]], matched counts for the next level)."""
+        group = self.after(kept[-1])
+        if group is None:  # no occurrence of the last kept token is followed by a continuable token
+            return {}, np.zeros(len(self.history), dtype=np.int64)
+        if matched_before is None:
+            matched = self._backward_match(group.positions, kept)
+        else:
+            matched = np.minimum(1 + matched_before[group.positions - 1], self.max_n - 1)
+        matched_next = np.zeros(len(self.history), dtype=np.int64)
+        matched_next[group.positions] = matched
+        length = 1 + matched  # [n] match length of kept + [next token], ending at the next token
+        longest = np.maximum.reduceat(length, group.starts)  # [g] per next token
+        level = {token: self._group_draft(kept, token, int(longest[g]), group, g, length)
+                 for g, token in enumerate(group.tokens)}
+        return level, matched_next
+
+    def _group_draft(self, kept: tuple[int, ...], token: int, n: int, group: _After, g: int,
                      length: np.ndarray) -> list[int]:
         """Draft of kept + [token], whose longest match is n tokens long (n < min_n: none)."""
         if n < self.min_n:
             return []
-        suffix = (*tokens[end - n + 1: end], token)
+        suffix = (*kept[len(kept) - n + 1:], token)
         draft = self._drafts.get(suffix)
         if draft is None:
             span = slice(group.starts[g], group.starts[g + 1] if g + 1 < len(group.starts) else None)

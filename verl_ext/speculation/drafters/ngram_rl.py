@@ -58,11 +58,13 @@ class NgramRLDrafter(Drafter):
             return None
         history, version = snapshot
         with self._indexes_lock:
-            index = self._indexes.get(prompt_key)
-            if index is not None and index.version == version:
+            previous = self._indexes.get(prompt_key)
+            if previous is not None and previous.version == version:
                 self._indexes.move_to_end(prompt_key)
-                return index
-        index = PromptIndex(history, version, self.min_n, self.max_n, self._votes)
+                return previous
+        changed = None if previous is None else self.cache.changed_tokens(prompt_key, previous.version, version)
+        carried = None if changed is None else previous.carry_over(changed)
+        index = PromptIndex(history, version, self.min_n, self.max_n, self._votes, carried)
         with self._indexes_lock:
             if len(self._votes) > _MAX_VOTES:
                 self._votes.clear()
