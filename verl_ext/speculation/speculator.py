@@ -81,7 +81,8 @@ class Speculator:
 
     def observe(self, prompt_key: int, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> None:
         """A response finished (here or on another worker); drafts from the round after next may copy from it."""
-        self._observed.append((prompt_key, prompt_tokens, response_tokens))
+        if self.config.method != "none":  # nothing would ever apply them
+            self._observed.append((prompt_key, prompt_tokens, response_tokens))
 
     def _apply_observed(self) -> None:
         for prompt_key, prompt_tokens, response_tokens in self._observed:
