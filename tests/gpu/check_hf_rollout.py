@@ -28,7 +28,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, default=Path("outputs/bench_ngram"))
     parser.add_argument("--final-steps", type=int, default=9)
-    parser.add_argument("--busy-ms", type=float, default=10.0)
+    # 20 ms: what benchmarks/ngram_rollout.py's replay says complete prefetch needs per round at these batch sizes
+    parser.add_argument("--busy-ms", type=float, default=20.0)
     args = parser.parse_args()
     require(cuda=True)
     steps = load_steps(args.run / "trace")
@@ -64,9 +65,11 @@ def report_timings(label: str, timed: dict) -> None:
     base = timed["none"][0]
     for name, (tokens_per_s, metrics, _) in timed.items():
         report(CHECK, f"{label}: {name}", describe_timing(tokens_per_s, metrics, base).strip(), None)
-    sync, async_ = timed["ngram_rl sync"][0], timed["ngram_rl async"][0]
+    sync, (async_, metrics, _) = timed["ngram_rl sync"][0], timed["ngram_rl async"]
     report(CHECK, f"{label}: overlap >= synchronous drafting (3% timing noise)", f"{async_ / sync:.2f}x",
            async_ >= NOISE * sync)
+    coverage = metrics.prefetch_coverage if metrics is not None else 0.0
+    report(CHECK, f"{label}: overlap prefetch coverage", f"{coverage:.1%}", None)
 
 
 @contextlib.contextmanager
