@@ -2,13 +2,13 @@
 
 A context ending in (x, t) whose pair never occurs in the history matches exactly one token, t, so its
 draft depends on t alone (a unigram draft, shared by every context that ends that way). Only the tokens
-that follow x somewhere in the history (`followers[x]`) need the longer match. Drafts are memoised by the
-matched suffix, which determines them: the occurrences that vote are exactly those of that suffix. Across
-versions (a response added or dropped), a draft is reused when the windows that vote on it are unchanged
-(`votes`, keyed by their content): most tokens' windows are untouched by one more response.
+seen right after x (`after(x)`) need the longer match. Drafts are memoised by the matched suffix, which
+determines them: the occurrences that vote are exactly those of that suffix. A new version (a response
+added or dropped) keeps the memos whose last token the changed segments do not hold (`carry_over`), and
+any draft whose voting windows it has seen before (`votes`, keyed by their content).
 
 This is also what makes complete prefetch cheap (OutcomeTable below): after verifying a draft d, every
-outcome (a accepted, then t) has the unigram draft of t, except the few t in followers[d[a - 1]].
+outcome (a accepted, then t) has the unigram draft of t, except the few t seen right after d[a - 1].
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class PromptIndex:
 
     def long_match_outcomes(self, tokens: Sequence[int], context_len: int, draft: Sequence[int]
                             ) -> dict[tuple[int, int], list[int]]:
-        """Drafts for the outcomes (a, t), t in followers[last kept token], of verifying `draft` after
+        """Drafts for the outcomes (a, t), t seen right after the last kept token, of verifying `draft` after
         tokens[:context_len] (tokens = context + draft). One backward match per accepted count a serves all its t:
         matched[p] = how many kept tokens match the history ending at p, and kept grows by one draft token per a,
         so matched_a[p] = 1 + matched_{a-1}[p - 1] (capped at max_n - 1). Each a's answers depend only on the
@@ -135,7 +135,7 @@ class PromptIndex:
 
     def _level(self, kept: tuple[int, ...], matched_before: np.ndarray | None
                ) -> tuple[dict[int, list[int]], np.ndarray | None]:
-        """({t: draft of kept + [t]} for t in followers[kept[-1]], matched counts for the next level)."""
+        """({t: draft of kept + [t]} for t seen right after kept[-1], matched counts for the next level)."""
         group = self.after(kept[-1])
         if group is None:  # no occurrence of the last kept token is followed by a continuable token
             return {}, np.zeros(len(self.history), dtype=np.int64)
@@ -200,7 +200,7 @@ def _span(sorted_keys: np.ndarray, key: int) -> slice:
 
 
 class OutcomeTable(OutcomeDrafts):
-    """Every outcome of verifying `draft` after `context`: the long-match outcomes (t in followers of the last
+    """Every outcome of verifying `draft` after `context`: the long-match outcomes (t seen right after the last
     kept token) come from one pass of PromptIndex.long_match_outcomes; all others share the index's unigram
     drafts (`shared`)."""
 
