@@ -29,7 +29,7 @@ def _reference_draft(history, context, min_n, max_n):
     return frequent_continuation(history, ends, MAX_DRAFT_TOKENS)
 
 
-@pytest.mark.parametrize("min_n,max_n", [(1, 3), (1, 8), (2, 4)])
+@pytest.mark.parametrize("min_n,max_n", [(1, 1), (1, 3), (1, 8), (2, 4)])
 def test_index_drafts_like_the_plain_scan(min_n, max_n):
     rng = random.Random(min_n * 10 + max_n)
     for _ in range(20):
@@ -41,7 +41,7 @@ def test_index_drafts_like_the_plain_scan(min_n, max_n):
 
 
 @pytest.mark.parametrize("histories", ["random6", "random30", "edited"])
-@pytest.mark.parametrize("min_n,max_n", [(1, 4), (2, 4)])
+@pytest.mark.parametrize("min_n,max_n", [(1, 4), (2, 4), (1, 1)])
 def test_outcome_table_answers_every_outcome_like_synchronous_drafting(min_n, max_n, histories):
     rng = random.Random(min_n)
     vocab = 6 if histories == "random6" else 30

@@ -122,7 +122,7 @@ class PromptIndex:
         matched_before: np.ndarray | None = None  # [L] matched_{a-1} where it can extend, 0 elsewhere; None: unknown
         for accepted in range(len(draft) + 1):
             end = context_len + accepted  # tokens kept
-            kept = tuple(tokens[max(0, end - self.max_n + 1): end])
+            kept = tuple(tokens[max(0, end - max(1, self.max_n - 1)): end])  # never empty: t follows kept[-1]
             level = self._levels.get(kept)
             if level is None:
                 level, matched_before = self._level(kept, matched_before)
@@ -156,6 +156,8 @@ class PromptIndex:
         """Draft of kept + [token], whose longest match is n tokens long (n < min_n: none)."""
         if n < self.min_n:
             return []
+        if n == 1:  # max_match 1: only the token itself matches, wherever it occurs
+            return self._memoised((token,), self.ends(token))
         suffix = (*kept[len(kept) - n + 1:], token)
         draft = self._drafts.get(suffix)
         if draft is None:
