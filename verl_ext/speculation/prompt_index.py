@@ -83,7 +83,7 @@ class PromptIndex:
         if ends is None:
             return []
         if len(context) < 2 or not self.follows(context[-2], context[-1]):
-            return self._memoised((context[-1],), ends) if self.min_n <= 1 else []
+            return self._computed_unigram_draft(context[-1]) if self.min_n <= 1 else []
         return self.long_match_draft(tuple(context[-self.max_n:]))
 
     def long_match_draft(self, tail: tuple[int, ...]) -> list[int]:
@@ -101,6 +101,10 @@ class PromptIndex:
             return []
         return self._drafts.get((token,))
 
+    def _computed_unigram_draft(self, token: int) -> list[int]:
+        """The draft after a one-token match on `token` (which has continuable occurrences), computing it if new."""
+        return self._memoised((token,), self.ends(token))
+
     def fill(self, should_stop: Callable[[], bool]) -> None:
         """Compute every unigram draft, most frequent token first, until should_stop()."""
         if self.min_n > 1:
@@ -109,7 +113,7 @@ class PromptIndex:
         for token in unique[np.argsort(-counts, kind="stable")].tolist():
             if should_stop():
                 return
-            self._memoised((token,), self.ends(token))
+            self._computed_unigram_draft(token)
 
     def long_match_outcomes(self, tokens: Sequence[int], context_len: int, draft: Sequence[int]
                             ) -> dict[tuple[int, int], list[int]]:
@@ -157,7 +161,7 @@ class PromptIndex:
         if n < self.min_n:
             return []
         if n == 1:  # max_match 1: only the token itself matches, wherever it occurs
-            return self._memoised((token,), self.ends(token))
+            return self._computed_unigram_draft(token)
         suffix = (*kept[len(kept) - n + 1:], token)
         draft = self._drafts.get(suffix)
         if draft is None:
