@@ -13,6 +13,9 @@ without speculation, asynchronous vs synchronous prefetch.
 4. In one process, generates the final steps' prompts at temperature 1.0 with the final policy: no
    speculation, ngram_rl with synchronous drafting, with prefetch overlapping the device's forward (on CPU
    the forward is synchronous, so nothing overlaps) and with prefetch in a background thread.
+5. The same with an emulated device-bound forward (DeviceTimeEngine: each verification forward keeps a
+   "device" busy --device-ms longer while the host is free, as a large model on a GPU does), where the
+   overlap worker has host time to prefetch in: its coverage, and its throughput against synchronous drafting.
 """
 
 import argparse
@@ -87,7 +90,7 @@ class _TimedSpeculator(Speculator):
         self.overlap_s += time.perf_counter() - start
 
 
-def prefetch_replay(steps, cut: int, windows_ms=(1, 2, 5, 10, 20)) -> dict:
+def prefetch_replay(steps, cut: int, windows_ms=(1, 2, 5, 10, 20, 40, 60)) -> dict:
     """Replay the final steps (history warmed by steps[:cut]) with synchronous drafting, with complete prefetch,
     and with prefetch cut off after each window of host time per round (what a forward of that length leaves):
     name -> (critical-path drafting ms/round, prefetch ms/round, coverage or None)."""
@@ -125,10 +128,12 @@ def default_variants(**overrides) -> dict:
 
 
 def time_rollouts(model_dir: Path, history_steps, final_steps, response_length: int, device: str = "cpu",
-                  temperature: float = 1.0, variants: dict | None = None, repeats: int = 3) -> dict[str, tuple]:
+                  temperature: float = 1.0, variants: dict | None = None, repeats: int = 3,
+                  device_ms: float = 0.0) -> dict[str, tuple]:
     """(tokens/s, speculation counters, outputs) of each variant on the same prompts, each drafter warmed
     with the history_steps' rollouts; variants: name -> SpeculationConfig (None: no speculation). Variants
-    take turns, `repeats` rounds in rotating order, and each keeps its best round (a shared host drifts)."""
+    take turns, `repeats` rounds in rotating order, and each keeps its best round (a shared host drifts).
+    device_ms > 0: each verification forward keeps an emulated device busy that much longer (DeviceTimeEngine)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
@@ -144,15 +149,40 @@ def time_rollouts(model_dir: Path, history_steps, final_steps, response_length: 
     results: dict[str, tuple] = {}
     for turn in range(repeats):
         for name in names[turn % len(names):] + names[: turn % len(names)]:
-            timed = _time_variant(model, tokenizer.pad_token_id, variants[name], history_steps, steps)
+            timed = _time_variant(model, tokenizer.pad_token_id, variants[name], history_steps, steps, device_ms)
             if name not in results or timed[0] > results[name][0]:
                 results[name] = timed
     return {name: results[name] for name in names}
 
 
+class DeviceTimeEngine(HFGenerationEngine):
+    """CPU stand-in for a device-bound forward (a large model on a GPU): after each verification forward the
+    "device" stays busy `device_ms` more, the host is free meanwhile, and reading the logits waits for it. The
+    host's own forward time plays the GPU's launch overhead. Drafting after the forward is on the critical
+    path; prefetch overlapping the device is not."""
+
+    def __init__(self, *args, device_ms: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.device_s = device_ms / 1e3
+        self._busy_until = 0.0
+
+    def _forward_step(self, batch, drafts):
+        logits = super()._forward_step(batch, drafts)
+        self._busy_until = time.perf_counter() + self.device_s
+        return logits
+
+    def _launched_work_done(self):
+        return lambda: time.perf_counter() >= self._busy_until
+
+    def _verify(self, *args):
+        time.sleep(max(0.0, self._busy_until - time.perf_counter()))  # as reading GPU logits synchronises
+        return super()._verify(*args)
+
+
 def _time_variant(model, pad_token_id: int, config: SpeculationConfig | None, history_steps,
-                  steps: list[list[GenerationRequest]]) -> tuple:
-    """One pass over `steps` with a fresh engine and a drafter warmed with history_steps: (tokens/s, metrics, outputs)."""
+                  steps: list[list[GenerationRequest]], device_ms: float = 0.0) -> tuple:
+    """One pass over `steps` with a fresh engine and a drafter warmed with history_steps: (tokens/s, metrics, outputs).
+    device_ms > 0: DeviceTimeEngine."""
     speculator = None
     if config is not None:
         drafter = build_drafter(config)
@@ -160,7 +190,9 @@ def _time_variant(model, pad_token_id: int, config: SpeculationConfig | None, hi
             for prompt, response in rollouts:
                 drafter.observe(prompt_key(prompt), prompt, response)
         speculator = Speculator(config, drafter=drafter)
-    engine = HFGenerationEngine(model, pad_token_id=pad_token_id, seed=0, speculator=speculator)
+    engine_kwargs = dict(pad_token_id=pad_token_id, seed=0, speculator=speculator)
+    engine = (DeviceTimeEngine(model, device_ms=device_ms, **engine_kwargs) if device_ms > 0
+              else HFGenerationEngine(model, **engine_kwargs))
     tokens, seconds, generated = 0, 0.0, []
     for requests in steps:
         start = time.perf_counter()
@@ -173,6 +205,13 @@ def _time_variant(model, pad_token_id: int, config: SpeculationConfig | None, hi
         metrics = speculator.take_metrics()
         speculator.close()
     return tokens / seconds, metrics, generated
+
+
+def print_timings(title: str, timings: dict) -> None:
+    base = timings["none"][0]
+    print(f"\n{title}:")
+    for name, (tokens_per_s, metrics, _) in timings.items():
+        print(f"  {name:<15} {describe_timing(tokens_per_s, metrics, base)}")
 
 
 def describe_timing(tokens_per_s: float, metrics, base: float) -> str:
@@ -218,6 +257,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--out", type=Path, default=Path("outputs/bench_ngram"))
     parser.add_argument("--reuse", action="store_true", help="reuse the training run already in --out")
+    parser.add_argument("--device-ms", type=float, nargs="*", default=[20.0, 60.0],
+                        help="emulated device time per verification forward for section 5 (none: skip it)")
     args = parser.parse_args()
     out = args.out.resolve()
     if not args.reuse:
@@ -249,12 +290,17 @@ def main() -> None:
           + ", ".join(f"{name} {replayed[name][2]:.1%}" for name in cut_off))
     model_dir = out / "checkpoints" / f"global_step_{len(steps)}" / "actor" / "huggingface"
     timings = time_rollouts(model_dir, steps[:cut], steps[cut:], response_length=64)
-    base = timings["none"][0]
-    print(f"\nRollout wall-clock, final {len(steps) - cut} steps' prompts, temperature 1.0, one process:")
-    for name, (tokens_per_s, metrics, _) in timings.items():
-        print(f"  {name:<15} {describe_timing(tokens_per_s, metrics, base)}")
+    print_timings(f"Rollout wall-clock, final {len(steps) - cut} steps' prompts, temperature 1.0, one process", timings)
     print("  (async: on CPU the forward has finished when the host gets back, so the overlap worker has nothing to "
           "overlap and does nothing; coverage is the replay's above and the thread worker's)")
+    for device_ms in args.device_ms:
+        # a device-bound forward: verifying 1 + 16 tokens costs the device about what 1 token does, so no
+        # adaptive cut (as on a GPU)
+        timings = time_rollouts(model_dir, steps[:cut], steps[cut:], response_length=64, repeats=2,
+                                variants=default_variants(adaptive=False), device_ms=device_ms)
+        print_timings(f"Same, with an emulated device busy {device_ms:g} ms after each verification forward", timings)
+        print(f"  overlap (async) / synchronous drafting: "
+              f"{timings['ngram_rl async'][0] / timings['ngram_rl sync'][0]:.2f}x")
     print(f"\nplot: {out / 'accepted_per_forward.png'}")
 
 

@@ -119,6 +119,33 @@ def test_speculation_keeps_greedy_output(model, method):
         assert metrics.accepted_tokens_per_forward > 1.5
 
 
+class _BusyDeviceEngine(HFGenerationEngine):
+    """As on a GPU: the device is still verifying for a while after the host launched the forward (here, for
+    `busy_checks` of the host's questions), so the overlap worker has time to prefetch."""
+
+    busy_checks = 200
+
+    def _launched_work_done(self):
+        checks = iter(range(self.busy_checks))
+        return lambda: next(checks, None) is None
+
+
+@pytest.mark.parametrize("engine_class,overlaps", [(_BusyDeviceEngine, True), (HFGenerationEngine, False)])
+def test_prefetch_overlaps_a_busy_device_and_keeps_greedy_output(model, engine_class, overlaps):
+    config = SpeculationConfig(method="ngram_rl", num_draft_tokens=6, min_match=1, prefetch=True,
+                               prefetch_worker="overlap", adaptive=False)
+    engine = engine_class(model, pad_token_id=0, speculator=Speculator(config))
+    for _epoch in range(2):
+        results = engine.generate([GenerationRequest(p, 15, GREEDY) for p in PROMPTS])
+        for prompt, result in zip(PROMPTS, results):
+            assert result.token_ids == reference_greedy(model, prompt, 15)
+    metrics = engine.speculator.take_metrics()
+    # CPU: the forward is done when the host gets back, so nothing is prefetched (control)
+    assert (metrics.prefetch_hits > 0) == overlaps
+    if overlaps:
+        assert metrics.prefetch_coverage > 0.5
+
+
 def test_offline_replay_matches_online_greedy_counts(model):
     # greedy: acceptance is deterministic, so replaying the engine's own outputs must give its exact counters
     from verl_ext.speculation.offline import replay_step

@@ -6,6 +6,7 @@ import threading
 import pytest
 
 from verl_ext.speculation import DraftRequest, SpeculationConfig, Speculator, build_drafter, prompt_key
+from verl_ext.speculation.drafters.base import OutcomeDrafts
 from verl_ext.speculation.drafters.ngram_rl import NgramRLDrafter
 from verl_ext.speculation.prefetch import DraftPrefetcher
 
@@ -70,13 +71,13 @@ class FlakyDrafter(NgramRLDrafter):
         return None if table is None else _FlakyTable(self, table)
 
 
-class _FlakyTable:
+class _FlakyTable(OutcomeDrafts):
     def __init__(self, drafter, table):
         self.drafter, self.table = drafter, table
 
-    def fill(self, should_stop):
+    def fill_steps(self):
         self.drafter.worker_threads.add(threading.current_thread().name)
-        self.table.fill(should_stop)
+        yield from self.table.fill_steps()
         self.drafter.fills += 1
         if self.drafter.fills % self.drafter.fail_every == 0:
             raise RuntimeError("boom")
@@ -159,3 +160,28 @@ def test_outcome_ending_in_a_token_the_history_never_continues_is_a_known_empty_
     assert prefetcher.collect([after], [8]) == drafter.propose([after], [8]) == [[]]
     assert prefetcher.stats.hits == 1 and prefetcher.stats.coverage == 1.0
     prefetcher.close()
+
+
+def test_short_window_covers_every_sequences_likeliest_outcomes_first():
+    # After 10, 11 the history goes on 12 twice and 20 once; the draft [11, 12, 13] is verified for four
+    # siblings. A table's likeliest outcomes are none or all accepted: a window of two fill steps per table
+    # (and per shared index) must give every sibling those, not two siblings everything.
+    drafter = build_drafter(SpeculationConfig(**CONFIG))
+    key = prompt_key(PROMPTS[0])
+    for response in ([10, 11, 12, 13, 14, 15], [10, 11, 12, 13, 14, 15], [10, 11, 20, 21, 22, 23]):
+        drafter.observe(key, PROMPTS[0], response)
+    siblings = range(4)
+
+    def outcomes_after_window(output):
+        prefetcher = DraftPrefetcher(drafter)
+        prefetcher.submit([DraftRequest(i, key, PROMPTS[0], [10]) for i in siblings], [[11, 12, 13]] * 4)
+        calls = iter(range(1 + 4 + 2 * 5))  # overlap's first check, one per table built, two steps of 4 + 1
+        prefetcher.overlap(lambda: next(calls, None) is None)
+        after = [DraftRequest(i, key, PROMPTS[0], output) for i in siblings]
+        assert prefetcher.collect(after, [8] * 4) == drafter.propose(after, [8] * 4)
+        return prefetcher.stats
+
+    all_accepted = outcomes_after_window([10, 11, 12, 13, 14])  # bonus token 14
+    assert all_accepted.hits == all_accepted.lookups == 4
+    rejected_at_one = outcomes_after_window([10, 11, 20])  # 11 accepted, 12 rejected, 20 emitted
+    assert rejected_at_one.hits == 0 and rejected_at_one.lookups == 4

@@ -79,8 +79,8 @@ def test_interrupted_table_answers_only_what_it_prepared_and_that_exactly():
     drafter, reference = (build_drafter(SpeculationConfig(min_match=1, max_match=4)) for _ in range(2))
     prompt = [0, 1, 2]
     key = prompt_key(prompt)
-    vocab = 30  # sparse enough that most tokens never follow a given one
-    for segment in _random_segments(rng, vocab=vocab):
+    vocab = 32  # sparse enough that most tokens never follow a given one
+    for segment in _random_segments(rng, vocab=vocab - 2):
         drafter.observe(key, prompt, segment)
         reference.observe(key, prompt, segment)
     request = DraftRequest(0, key, prompt, [1, 2])
@@ -88,24 +88,36 @@ def test_interrupted_table_answers_only_what_it_prepared_and_that_exactly():
     outcomes = [(a, t) for a in range(len(draft) + 1) for t in range(vocab) if a == len(draft) or t != draft[a]]
     table = drafter.outcome_drafts(request, draft)
 
-    def answered():
+    def answered(table):
         found = {o: table.get(*o) for o in outcomes}
         for (accepted, token), got in found.items():
             if got is not None:
                 assert got == reference.propose([request.extended([*draft[:accepted], token])], [MAX_DRAFT_TOKENS])[0]
         return {o for o, got in found.items() if got is not None}
 
-    table.fill(lambda: True)  # no time at all
-    assert answered() == set()
+    table.fill(lambda: True)  # no time at all: only outcomes known to draft nothing (tokens never continued)
+    nothing = answered(table)
+    assert {(a, t) for a, t in outcomes if t >= vocab - 2} <= nothing  # the last two tokens never occur
+    assert all(table.get(*o) == [] for o in nothing)
+    ticks = iter(range(2))
+    table.fill(lambda: next(ticks, None) is None)  # two steps: the likeliest levels, none and all accepted
+    two_levels = answered(table)
     table.fill(lambda: False)  # the long matches, not the shared unigram drafts
-    after_table = answered()
-    assert after_table and after_table < set(outcomes)
+    after_table = answered(table)
+    assert nothing < two_levels < after_table < set(outcomes)
+    assert {a for a, _ in two_levels - nothing} == {0, len(draft)}
+    assert {a for a, _ in after_table - two_levels} == set(range(1, len(draft)))
     ticks = iter(range(2))
     table.shared.fill(lambda: next(ticks, None) is None)  # two unigram drafts, then time is up
-    after_two = answered()
+    after_two = answered(table)
     assert after_table < after_two < set(outcomes)
     table.shared.fill(lambda: False)
-    assert answered() == set(outcomes)
+    assert answered(table) == set(outcomes)
+    # Unigram drafts ready, one level filled: the other levels' long-match outcomes are misses, not unigram drafts.
+    table = drafter.outcome_drafts(request, draft)
+    table.fill(iter([False, True]).__next__)  # one step: none accepted
+    missing = set(outcomes) - answered(table)
+    assert missing and all(a >= 1 for a, _ in missing)
 
 
 def test_token_never_followed_in_the_history_gets_a_known_empty_draft():

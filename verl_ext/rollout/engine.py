@@ -9,7 +9,7 @@ sampling step through the same code.
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from transformers import DynamicCache
@@ -101,7 +101,7 @@ class HFGenerationEngine:
         drafts, requests = self._propose(batch.request_ids, rows)
         logits = self._forward_step(batch, drafts)  # [B, K+1, V]
         if self.speculator:
-            self.speculator.overlap(_device_done(self.device))  # next drafts while the device verifies
+            self.speculator.overlap(self._launched_work_done())  # next drafts while the device verifies
         draft_tokens, num_draft = pad_drafts(drafts)
         result = self._verify(logits, draft_tokens, num_draft, rows)
         if self.speculator:
@@ -148,6 +148,14 @@ class HFGenerationEngine:
             return sample_next(logits, params, self.generator)
         parts = [sample_next(logits[i : i + 1], params[i : i + 1], row.generator) for i, row in enumerate(rows)]
         return torch.cat([p.tokens for p in parts]), torch.cat([p.logprobs for p in parts])
+
+    def _launched_work_done(self) -> Callable[[], bool]:
+        """A callable that says whether the work launched so far on the device has finished."""
+        if self.device.type != "cuda":
+            return lambda: True  # CPU ops run synchronously: done as soon as they return
+        event = torch.cuda.Event()
+        event.record()
+        return event.query
 
     @staticmethod
     def _seeded(rows: list[RowState]) -> bool:
@@ -250,15 +258,6 @@ class HFGenerationEngine:
         if self.batch is not None and self.batch.hole_fraction() > _COMPACT_HOLE_FRACTION:
             self.batch.compact()
         return finished
-
-
-def _device_done(device: torch.device):
-    """A callable that says whether the work launched so far on `device` has finished."""
-    if device.type != "cuda":
-        return lambda: True  # CPU ops run synchronously: done as soon as they return
-    event = torch.cuda.Event()
-    event.record()
-    return event.query
 
 
 def _finish_if_done(row: RowState) -> Optional[GenerationResult]:

@@ -2,10 +2,11 @@
 
 After verification a sequence has accepted a of its k drafted tokens and emitted one more token t, so its
 next context is context + draft[:a] + [t]. At submit the prefetcher asks the drafter for an OutcomeDrafts
-table per sequence and fills the tables while the forward runs; `collect` answers each sequence from its
-table when the actual outcome is there (a hit) and drafts synchronously otherwise. ngram_rl lays out every
-outcome (prompt_index.OutcomeTable); other drafters get RankedOutcomeDrafts, which proposes for the
-`candidates` likeliest outcomes by the history's vote shares.
+table per sequence and fills the tables while the forward runs, a step of each in turn (each step the
+table's likeliest outcomes left), so a short forward still covers every sequence's likeliest outcomes.
+`collect` answers each sequence from its table when the actual outcome is there (a hit) and drafts
+synchronously otherwise. ngram_rl lays out every outcome (prompt_index.OutcomeTable); other drafters get
+RankedOutcomeDrafts, which proposes for the `candidates` likeliest outcomes by the history's vote shares.
 
 Two ways to run the worker. `overlap` (default): the engine calls `overlap(device_done)` right after it
 launches the verification forward, and the tables fill on the host thread until the device has finished,
@@ -26,10 +27,10 @@ import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
-from verl_ext.speculation.drafters.base import DraftRequest, Drafter, OutcomeDrafts
+from verl_ext.speculation.drafters.base import DraftRequest, Drafter, OutcomeDrafts, advance
 
 logger = logging.getLogger(__name__)
 
@@ -182,10 +183,21 @@ class DraftPrefetcher:
             entry = pending.get(request.seq_id)  # None: released (finished) while the worker ran
             if entry is not None:
                 entry.table = table
-        for table in tables:  # each sequence's own outcomes first, then what they share, once each
-            table.fill(should_stop)
-        for shared in {id(t.shared): t.shared for t in tables if t.shared is not None}.values():
-            shared.fill(should_stop)
+        shared = {id(t.shared): t.shared for t in tables if t.shared is not None}.values()  # once each
+        _interleave([work.fill_steps() for work in [*tables, *shared]], should_stop)
+
+
+def _interleave(steps: list[Iterator[None]], should_stop: Callable[[], bool]) -> None:
+    """A step of each in turn until all are done or time is up: a short window goes to every sequence's likeliest
+    outcomes rather than to all outcomes of the first few sequences."""
+    while steps:
+        running = []
+        for work in steps:
+            if should_stop():
+                return
+            if advance(work):
+                running.append(work)
+        steps = running
 
 
 def _never() -> bool:
@@ -199,18 +211,13 @@ class RankedOutcomeDrafts(OutcomeDrafts):
                  max_budget: int = MAX_DRAFT_TOKENS):
         self._drafter, self._request, self._draft = drafter, request, list(draft)
         self._candidates, self._max_budget = candidates, max_budget
-        self._ranked: list[tuple[float, int, int]] | None = None
         self._drafts: dict[tuple[int, int], list[int]] = {}  # (accepted, token) -> draft
 
-    def fill(self, should_stop: Callable[[], bool]) -> None:
-        if self._ranked is None:
-            self._ranked = self._rank()
-        for _, accepted, token in self._ranked:
-            if should_stop():
-                return
-            if (accepted, token) not in self._drafts:
-                after = self._request.extended([*self._draft[:accepted], token])
-                self._drafts[accepted, token] = self._drafter.propose([after], [self._max_budget])[0]
+    def fill_steps(self) -> Iterator[None]:
+        for _, accepted, token in self._rank():
+            after = self._request.extended([*self._draft[:accepted], token])
+            self._drafts[accepted, token] = self._drafter.propose([after], [self._max_budget])[0]
+            yield
 
     def get(self, accepted: int, token: int) -> list[int] | None:
         return self._drafts.get((accepted, token))

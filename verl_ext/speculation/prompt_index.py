@@ -13,16 +13,16 @@ outcome (a accepted, then t) has the unigram draft of t, except the few t seen r
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
-from verl_ext.speculation.drafters.base import OutcomeDrafts
+from verl_ext.speculation.drafters.base import Fillable, OutcomeDrafts
 from verl_ext.speculation.ngram_match import SEP, continuation_windows, match_levels, vote_continuation
 
 
-class PromptIndex:
+class PromptIndex(Fillable):
     def __init__(self, history: np.ndarray, version: int, min_n: int, max_n: int,
                  votes: dict[tuple[int, int], list[int]] | None = None, carried: tuple[dict, dict] | None = None):
         # history: [L] int32, ngram_match layout (history[0] == SEP, SEP padding at the end)
@@ -105,37 +105,35 @@ class PromptIndex:
         """The draft after a one-token match on `token` (which has continuable occurrences), computing it if new."""
         return self._memoised((token,), self.ends(token))
 
-    def fill(self, should_stop: Callable[[], bool]) -> None:
-        """Compute every unigram draft, most frequent token first, until should_stop()."""
+    def fill_steps(self) -> Iterator[None]:
+        """Compute every unigram draft, most frequent token first, one per step."""
         if self.min_n > 1:
             return
         unique, counts = np.unique(self._end_tokens, return_counts=True)
         for token in unique[np.argsort(-counts, kind="stable")].tolist():
-            if should_stop():
-                return
             self._computed_unigram_draft(token)
+            yield
 
-    def long_match_outcomes(self, tokens: Sequence[int], context_len: int, draft: Sequence[int]
-                            ) -> dict[tuple[int, int], list[int]]:
-        """Drafts for the outcomes (a, t), t seen right after the last kept token, of verifying `draft` after
-        tokens[:context_len] (tokens = context + draft). One backward match per accepted count a serves all its t:
-        matched[p] = how many kept tokens match the history ending at p, and kept grows by one draft token per a,
-        so matched_a[p] = 1 + matched_{a-1}[p - 1] (capped at max_n - 1). Each a's answers depend only on the
-        last max_n - 1 kept tokens, so siblings on the same path share them."""
-        out: dict[tuple[int, int], list[int]] = {}
-        matched_before: np.ndarray | None = None  # [L] matched_{a-1} where it can extend, 0 elsewhere; None: unknown
-        for accepted in range(len(draft) + 1):
+    def outcome_levels(self, tokens: Sequence[int], context_len: int, draft: Sequence[int]
+                       ) -> Iterator[tuple[int, dict[int, list[int]]]]:
+        """(a, {t: draft}) for each accepted count a, the likeliest first (none accepted, all accepted, then
+        ascending), when `draft` is verified after tokens[:context_len] (tokens = context + draft). A level holds
+        every t seen right after the last kept token, draft[a] itself included (not an outcome). One backward
+        match per a serves all its t: matched[p] = how many kept tokens match the history ending at p, and kept
+        grows by one draft token per a, so matched_a[p] = 1 + matched_{a-1}[p - 1] (capped at max_n - 1). Each
+        a's answers depend only on the last max_n - 1 kept tokens, so siblings on the same path share them."""
+        k = len(draft)
+        chain: dict[int, np.ndarray] = {}  # a -> matched_a, kept until level a + 1 extends it
+        for accepted in [0, k, *range(1, k)] if k else [0]:
             end = context_len + accepted  # tokens kept
             kept = tuple(tokens[max(0, end - max(1, self.max_n - 1)): end])  # never empty: t follows kept[-1]
             level = self._levels.get(kept)
             if level is None:
-                level, matched_before = self._level(kept, matched_before)
+                level, matched = self._level(kept, chain.pop(accepted - 1, None))
                 self._levels[kept] = level
-            else:
-                matched_before = None
-            rejected = draft[accepted] if accepted < len(draft) else None  # never emitted after a rejection
-            out.update(((accepted, token), d) for token, d in level.items() if token != rejected)
-        return out
+                if accepted < k:
+                    chain[accepted] = matched
+            yield accepted, level
 
     def _level(self, kept: tuple[int, ...], matched_before: np.ndarray | None
                ) -> tuple[dict[int, list[int]], np.ndarray | None]:
@@ -206,27 +204,30 @@ def _span(sorted_keys: np.ndarray, key: int) -> slice:
 
 
 class OutcomeTable(OutcomeDrafts):
-    """Every outcome of verifying `draft` after `context`: the long-match outcomes (t seen right after the last
-    kept token) come from one pass of PromptIndex.long_match_outcomes; all others share the index's unigram
-    drafts (`shared`)."""
+    """Every outcome of verifying `draft` after `context`: those whose t was seen right after the last kept token
+    come from PromptIndex.outcome_levels, one level of accepted count per fill step; all others share the index's
+    unigram drafts (`shared`)."""
 
     def __init__(self, index: PromptIndex, context: Sequence[int], draft: Sequence[int]):
         self.index = self.shared = index
         self._tokens = [*context[-index.max_n:], *draft]  # context, then the draft
         self._context_len = len(self._tokens) - len(draft)
         self._draft = list(draft)
-        self._long: dict[tuple[int, int], list[int]] | None = None  # (accepted, token) -> draft, once filled
+        self._levels: dict[int, dict[int, list[int]]] = {}  # accepted -> {token: draft}, as filled
 
-    def fill(self, should_stop: Callable[[], bool]) -> None:
-        if self._long is None and not should_stop():
-            self._long = self.index.long_match_outcomes(self._tokens, self._context_len, self._draft)
+    def fill_steps(self) -> Iterator[None]:
+        for accepted, level in self.index.outcome_levels(self._tokens, self._context_len, self._draft):
+            self._levels[accepted] = level
+            yield
 
     def get(self, accepted: int, token: int) -> list[int] | None:
-        if self._long is None:
-            return None
-        draft = self._long.get((accepted, token))
-        if draft is not None:
-            return draft
-        if self.index.follows(self._tokens[self._context_len + accepted - 1], token):
-            return None  # the drafted token itself: not an outcome of a rejection
+        if accepted < len(self._draft) and token == self._draft[accepted]:
+            return None  # the drafted token itself: a rejected token is never emitted
+        level = self._levels.get(accepted)
+        if level is not None:
+            draft = level.get(token)
+            if draft is not None:
+                return draft
+        elif self.index.follows(self._tokens[self._context_len + accepted - 1], token):
+            return None  # its longer match is that level's, which was not filled in time
         return self.index.unigram_draft(token)

@@ -20,8 +20,8 @@ _MAX_VOTES = 65_536  # drafts kept for reuse by their voting windows, all prompt
 class _NoHistory(OutcomeDrafts):
     """Nothing cached for the prompt: every outcome's draft is empty."""
 
-    def fill(self, should_stop) -> None:
-        pass
+    def fill_steps(self):
+        yield from ()
 
     def get(self, accepted: int, token: int) -> list[int]:
         return []
