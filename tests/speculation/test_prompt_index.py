@@ -74,6 +74,27 @@ def test_outcome_table_answers_every_outcome_like_synchronous_drafting(min_n, ma
     assert answered > 500
 
 
+def test_tables_sharing_a_level_answer_the_token_the_other_drafted():
+    # A level leaves out the token its table drafted there (never an outcome of that table); a sibling that
+    # drafted something else reuses the level and needs that token's draft.
+    rng = random.Random(5)
+    drafter, reference = (build_drafter(SpeculationConfig(min_match=1, max_match=4)) for _ in range(2))
+    prompt = [0, 1, 2]
+    key = prompt_key(prompt)
+    for segment in _random_segments(rng):
+        drafter.observe(key, prompt, segment)
+        reference.observe(key, prompt, segment)
+    request = DraftRequest(0, key, prompt, [3, 4, 5])
+    tables = {drafted: drafter.outcome_drafts(request, [drafted]) for drafted in (1, 2)}  # both follow 5 here
+    for table in tables.values():
+        table.fill(lambda: False)
+        table.shared.fill(lambda: False)
+    for drafted, table in tables.items():
+        for token in range(VOCAB + 1):
+            if token != drafted:
+                assert table.get(0, token) == reference.propose([request.extended([token])], [MAX_DRAFT_TOKENS])[0]
+
+
 def test_interrupted_table_answers_only_what_it_prepared_and_that_exactly():
     rng = random.Random(7)
     drafter, reference = (build_drafter(SpeculationConfig(min_match=1, max_match=4)) for _ in range(2))

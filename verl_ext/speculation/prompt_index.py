@@ -44,7 +44,8 @@ class PromptIndex(Fillable):
         self._after: dict[int, _After | None] = {}
         # matched suffix -> MAX_DRAFT_TOKENS draft; last max_n context tokens -> draft (long matches)
         self._drafts, self._by_context = carried if carried is not None else ({}, {})
-        self._levels: dict[tuple[int, ...], dict[int, list[int]]] = {}  # last max_n - 1 kept tokens -> {t: draft}
+        # last max_n - 1 kept tokens -> ({t: draft}, the t left out: the drafted token at that point, if any)
+        self._levels: dict[tuple[int, ...], tuple[dict[int, list[int]], int | None]] = {}
 
     def carry_over(self, changed: set[int]) -> tuple[dict, dict]:
         """The memos a next version keeps when the segments added or dropped hold only `changed` tokens: a key
@@ -118,26 +119,33 @@ class PromptIndex(Fillable):
                        ) -> Iterator[tuple[int, dict[int, list[int]]]]:
         """(a, {t: draft}) for each accepted count a, the likeliest first (none accepted, all accepted, then
         ascending), when `draft` is verified after tokens[:context_len] (tokens = context + draft). A level holds
-        every t seen right after the last kept token, draft[a] itself included (not an outcome). One backward
-        match per a serves all its t: matched[p] = how many kept tokens match the history ending at p, and kept
-        grows by one draft token per a, so matched_a[p] = 1 + matched_{a-1}[p - 1] (capped at max_n - 1). Each
-        a's answers depend only on the last max_n - 1 kept tokens, so siblings on the same path share them."""
+        every t seen right after the last kept token except draft[a], which a rejection never emits (its long,
+        specific match would cost about as much as all the others). One backward match per a serves all its t:
+        matched[p] = how many kept tokens match the history ending at p, and kept grows by one draft token per
+        a, so matched_a[p] = 1 + matched_{a-1}[p - 1] (capped at max_n - 1). Each a's answers depend only on the
+        last max_n - 1 kept tokens, so siblings on the same path share them."""
         k = len(draft)
         chain: dict[int, np.ndarray] = {}  # a -> matched_a, kept until level a + 1 extends it
         for accepted in [0, k, *range(1, k)] if k else [0]:
             end = context_len + accepted  # tokens kept
             kept = tuple(tokens[max(0, end - max(1, self.max_n - 1)): end])  # never empty: t follows kept[-1]
-            level = self._levels.get(kept)
-            if level is None:
-                level, matched = self._level(kept, chain.pop(accepted - 1, None))
-                self._levels[kept] = level
+            rejected = draft[accepted] if accepted < k else None
+            memo = self._levels.get(kept)
+            if memo is None:
+                level, matched = self._level(kept, chain.pop(accepted - 1, None), rejected)
+                self._levels[kept] = (level, rejected if self.follows(kept[-1], rejected) else None)
                 if accepted < k:
                     chain[accepted] = matched
+            else:
+                level, left_out = memo
+                if left_out is not None and left_out != rejected:  # a sibling drafted otherwise here
+                    level[left_out] = self.draft([*kept, left_out])
+                    self._levels[kept] = (level, None)
             yield accepted, level
 
-    def _level(self, kept: tuple[int, ...], matched_before: np.ndarray | None
+    def _level(self, kept: tuple[int, ...], matched_before: np.ndarray | None, skip: int | None
                ) -> tuple[dict[int, list[int]], np.ndarray | None]:
-        """({t: draft of kept + [t]} for t seen right after kept[-1], matched counts for the next level)."""
+        """({t: draft of kept + [t]} for t != skip seen right after kept[-1], matched counts for the next level)."""
         group = self.after(kept[-1])
         if group is None:  # no occurrence of the last kept token is followed by a continuable token
             return {}, np.zeros(len(self.history), dtype=np.int64)
@@ -150,7 +158,7 @@ class PromptIndex(Fillable):
         length = 1 + matched  # [n] match length of kept + [next token], ending at the next token
         longest = np.maximum.reduceat(length, group.starts)  # [g] per next token
         level = {token: self._group_draft(kept, token, int(longest[g]), group, g, length)
-                 for g, token in enumerate(group.tokens)}
+                 for g, token in enumerate(group.tokens) if token != skip}
         return level, matched_next
 
     def _group_draft(self, kept: tuple[int, ...], token: int, n: int, group: _After, g: int,
