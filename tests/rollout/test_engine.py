@@ -104,16 +104,20 @@ def test_sampled_first_token_follows_the_policy(model):
     assert chisquare(counts[support], probs[support] * n).pvalue > 1e-3
 
 
+def greedy_epochs_metrics(engine, model, epochs=2):
+    """Generate PROMPTS greedily `epochs` times, each output checked against cache-free decoding; the counters."""
+    for _epoch in range(epochs):
+        results = engine.generate([GenerationRequest(p, 15, GREEDY) for p in PROMPTS])
+        for prompt, result in zip(PROMPTS, results):
+            assert result.token_ids == reference_greedy(model, prompt, 15)
+    return engine.speculator.take_metrics()
+
+
 @pytest.mark.parametrize("method", ["prompt_lookup", "ngram_rl", "suffix"])
 def test_speculation_keeps_greedy_output(model, method):
     # prompt_lookup drafts mostly wrong tokens here (holes, compaction); ngram_rl's second epoch drafts right ones
     config = SpeculationConfig(method=method, num_draft_tokens=6, min_match=1, prefetch=False, adaptive=False)
-    engine = HFGenerationEngine(model, pad_token_id=0, speculator=Speculator(config))
-    for _epoch in range(2):
-        results = engine.generate([GenerationRequest(p, 15, GREEDY) for p in PROMPTS])
-        for prompt, result in zip(PROMPTS, results):
-            assert result.token_ids == reference_greedy(model, prompt, 15)
-    metrics = engine.speculator.take_metrics()
+    metrics = greedy_epochs_metrics(HFGenerationEngine(model, pad_token_id=0, speculator=Speculator(config)), model)
     assert metrics.drafted_tokens > 0
     if method == "ngram_rl":
         assert metrics.accepted_tokens_per_forward > 1.5
@@ -134,12 +138,7 @@ class _BusyDeviceEngine(HFGenerationEngine):
 def test_prefetch_overlaps_a_busy_device_and_keeps_greedy_output(model, engine_class, overlaps):
     config = SpeculationConfig(method="ngram_rl", num_draft_tokens=6, min_match=1, prefetch=True,
                                prefetch_worker="overlap", adaptive=False)
-    engine = engine_class(model, pad_token_id=0, speculator=Speculator(config))
-    for _epoch in range(2):
-        results = engine.generate([GenerationRequest(p, 15, GREEDY) for p in PROMPTS])
-        for prompt, result in zip(PROMPTS, results):
-            assert result.token_ids == reference_greedy(model, prompt, 15)
-    metrics = engine.speculator.take_metrics()
+    metrics = greedy_epochs_metrics(engine_class(model, pad_token_id=0, speculator=Speculator(config)), model)
     # CPU: the forward is done when the host gets back, so nothing is prefetched (control)
     assert (metrics.prefetch_hits > 0) == overlaps
     if overlaps:
