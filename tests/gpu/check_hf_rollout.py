@@ -28,8 +28,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, default=Path("outputs/bench_ngram"))
     parser.add_argument("--final-steps", type=int, default=9)
-    # 20 ms: what benchmarks/ngram_rollout.py's replay says complete prefetch needs per round at these batch sizes
-    parser.add_argument("--busy-ms", type=float, default=20.0)
+    # benchmarks/ngram_rollout.py on a 2-core CPU host: the overlap worker covers 62-78% of outcomes at 20 ms of
+    # device time per verification forward and 98.6% at 60 ms; the bar (coverage >= 95%) is checked at the last
+    parser.add_argument("--busy-ms", type=float, nargs="+", default=[20.0, 60.0])
     args = parser.parse_args()
     require(cuda=True)
     steps = load_steps(args.run / "trace")
@@ -54,13 +55,15 @@ def main() -> None:
                                           variants=default_variants(adaptive=False), repeats=2))
     # This policy is tiny: the GPU is done by the time the host returns from launching the forward, so there
     # is nothing to overlap. A large model keeps the GPU busy after that; emulate it with a spin kernel.
-    with busy_gpu_after_forward(args.busy_ms):
-        timed = time_rollouts(model_dir, steps[:cut], steps[cut:], 64, "cuda", temperature=1.0,
-                              variants=default_variants(adaptive=False), repeats=2)
-    report_timings(f"T=1.0, GPU busy {args.busy_ms:g} ms after each forward", timed)
+    for busy_ms in args.busy_ms:
+        with busy_gpu_after_forward(busy_ms):
+            timed = time_rollouts(model_dir, steps[:cut], steps[cut:], 64, "cuda", temperature=1.0,
+                                  variants=default_variants(adaptive=False), repeats=2)
+        bar = 0.95 if busy_ms == max(args.busy_ms) else None
+        report_timings(f"T=1.0, GPU busy {busy_ms:g} ms after each forward", timed, coverage_bar=bar)
 
 
-def report_timings(label: str, timed: dict) -> None:
+def report_timings(label: str, timed: dict, coverage_bar: float | None = None) -> None:
     """A row per variant, then whether prefetch overlapping the forward kept up with synchronous drafting."""
     base = timed["none"][0]
     for name, (tokens_per_s, metrics, _) in timed.items():
@@ -69,7 +72,9 @@ def report_timings(label: str, timed: dict) -> None:
     report(CHECK, f"{label}: overlap >= synchronous drafting (3% timing noise)", f"{async_ / sync:.2f}x",
            async_ >= NOISE * sync)
     coverage = metrics.prefetch_coverage if metrics is not None else 0.0
-    report(CHECK, f"{label}: overlap prefetch coverage", f"{coverage:.1%}", None)
+    bar = "" if coverage_bar is None else f" >= {coverage_bar:.0%}"
+    report(CHECK, f"{label}: overlap prefetch coverage{bar}", f"{coverage:.1%}",
+           None if coverage_bar is None else coverage >= coverage_bar)
 
 
 @contextlib.contextmanager
