@@ -132,8 +132,10 @@ def time_rollouts(model_dir: Path, history_steps, final_steps, response_length: 
                   device_ms: float = 0.0) -> dict[str, tuple]:
     """(tokens/s, speculation counters, outputs) of each variant on the same prompts, each drafter warmed
     with the history_steps' rollouts; variants: name -> SpeculationConfig (None: no speculation). Variants
-    take turns, `repeats` rounds in rotating order, and each keeps its best round (a shared host drifts).
-    device_ms > 0: each verification forward keeps an emulated device busy that much longer (DeviceTimeEngine)."""
+    take turns step by step in rotating order, so a shared host's drift slows them alike; each of `repeats`
+    rounds starts fresh engines, and a variant's tokens and seconds add up over the rounds (counters and
+    outputs: the last round's). device_ms > 0: each verification forward keeps an emulated device busy that
+    much longer (DeviceTimeEngine)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
@@ -146,13 +148,19 @@ def time_rollouts(model_dir: Path, history_steps, final_steps, response_length: 
     HFGenerationEngine(model, pad_token_id=tokenizer.pad_token_id).generate(warm_up)  # kernels, allocator
     steps = [[GenerationRequest(p, response_length, settings, stops) for p, _ in rollouts] for rollouts in final_steps]
     names = list(variants)
-    results: dict[str, tuple] = {}
-    for turn in range(repeats):
-        for name in names[turn % len(names):] + names[: turn % len(names)]:
-            timed = _time_variant(model, tokenizer.pad_token_id, variants[name], history_steps, steps, device_ms)
-            if name not in results or timed[0] > results[name][0]:
-                results[name] = timed
-    return {name: results[name] for name in names}
+    tokens, seconds = dict.fromkeys(names, 0), dict.fromkeys(names, 0.0)
+    last: dict[str, tuple] = {}
+    for _ in range(repeats):
+        runs = {name: _VariantRun(model, tokenizer.pad_token_id, variants[name], history_steps, device_ms)
+                for name in names}
+        for turn, requests in enumerate(steps):
+            for name in names[turn % len(names):] + names[: turn % len(names)]:
+                runs[name].generate(requests)
+        for name, run in runs.items():
+            tokens[name] += run.tokens
+            seconds[name] += run.seconds
+            last[name] = (run.finish(), run.outputs)
+    return {name: (tokens[name] / seconds[name], *last[name]) for name in names}
 
 
 class DeviceTimeEngine(HFGenerationEngine):
@@ -179,32 +187,37 @@ class DeviceTimeEngine(HFGenerationEngine):
         return super()._verify(*args)
 
 
-def _time_variant(model, pad_token_id: int, config: SpeculationConfig | None, history_steps,
-                  steps: list[list[GenerationRequest]], device_ms: float = 0.0) -> tuple:
-    """One pass over `steps` with a fresh engine and a drafter warmed with history_steps: (tokens/s, metrics, outputs).
-    device_ms > 0: DeviceTimeEngine."""
-    speculator = None
-    if config is not None:
-        drafter = build_drafter(config)
-        for rollouts in history_steps:  # the history the run had built by then
-            for prompt, response in rollouts:
-                drafter.observe(prompt_key(prompt), prompt, response)
-        speculator = Speculator(config, drafter=drafter)
-    engine_kwargs = dict(pad_token_id=pad_token_id, seed=0, speculator=speculator)
-    engine = (DeviceTimeEngine(model, device_ms=device_ms, **engine_kwargs) if device_ms > 0
-              else HFGenerationEngine(model, **engine_kwargs))
-    tokens, seconds, generated = 0, 0.0, []
-    for requests in steps:
+class _VariantRun:
+    """One variant's fresh engine, its drafter warmed with history_steps, timed over the steps it generates."""
+
+    def __init__(self, model, pad_token_id: int, config: SpeculationConfig | None, history_steps,
+                 device_ms: float = 0.0):
+        self.speculator = None
+        if config is not None:
+            drafter = build_drafter(config)
+            for rollouts in history_steps:  # the history the run had built by then
+                for prompt, response in rollouts:
+                    drafter.observe(prompt_key(prompt), prompt, response)
+            self.speculator = Speculator(config, drafter=drafter)
+        engine_kwargs = dict(pad_token_id=pad_token_id, seed=0, speculator=self.speculator)
+        self.engine = (DeviceTimeEngine(model, device_ms=device_ms, **engine_kwargs) if device_ms > 0
+                       else HFGenerationEngine(model, **engine_kwargs))
+        self.tokens, self.seconds, self.outputs = 0, 0.0, []
+
+    def generate(self, requests: list[GenerationRequest]) -> None:
         start = time.perf_counter()
-        outputs = engine.generate(requests)
-        seconds += time.perf_counter() - start
-        tokens += sum(len(o.token_ids) for o in outputs)
-        generated += [o.token_ids for o in outputs]
-    metrics = None
-    if speculator:
-        metrics = speculator.take_metrics()
-        speculator.close()
-    return tokens / seconds, metrics, generated
+        outputs = self.engine.generate(requests)
+        self.seconds += time.perf_counter() - start
+        self.tokens += sum(len(o.token_ids) for o in outputs)
+        self.outputs += [o.token_ids for o in outputs]
+
+    def finish(self):
+        """The speculation counters (None without speculation); stops the prefetch worker."""
+        if self.speculator is None:
+            return None
+        metrics = self.speculator.take_metrics()
+        self.speculator.close()
+        return metrics
 
 
 def print_timings(title: str, timings: dict) -> None:

@@ -2,6 +2,7 @@
 
 import logging
 import threading
+import time
 
 import pytest
 
@@ -185,3 +186,39 @@ def test_short_window_covers_every_sequences_likeliest_outcomes_first():
     assert all_accepted.hits == all_accepted.lookups == 4
     rejected_at_one = outcomes_after_window([10, 11, 20])  # 11 accepted, 12 rejected, 20 emitted
     assert rejected_at_one.hits == 0 and rejected_at_one.lookups == 4
+
+
+class _EndlessTable(OutcomeDrafts):
+    """More outcomes than any forward leaves time for: counts the steps the worker gave it."""
+
+    def __init__(self):
+        self.steps = 0
+
+    def fill_steps(self):
+        while True:
+            self.steps += 1
+            yield
+
+    def get(self, accepted, token):
+        return None
+
+
+def test_background_worker_stops_once_every_sequence_finished():
+    table = _EndlessTable()
+
+    class EndlessDrafter(NgramRLDrafter):
+        def outcome_drafts(self, request, draft):
+            return table
+
+    prefetcher = DraftPrefetcher(EndlessDrafter(SpeculationConfig(**CONFIG)), threaded=True)
+    try:
+        prefetcher.submit([DraftRequest(0, prompt_key(PROMPTS[0]), PROMPTS[0], [1])], [[2]])
+        while table.steps == 0:
+            time.sleep(0.001)
+        prefetcher.release([0])  # the last sequence finished: nothing will ever look its drafts up
+        time.sleep(0.05)
+        stopped_at = table.steps
+        time.sleep(0.2)
+        assert table.steps == stopped_at
+    finally:
+        prefetcher.close()  # stops the worker either way

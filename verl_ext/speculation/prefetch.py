@@ -123,6 +123,8 @@ class DraftPrefetcher:
         """Finished sequences: nothing of theirs is looked up again (a new sequence may reuse the id)."""
         for seq_id in seq_ids:
             self._pending.pop(seq_id, None)
+        if not self._pending:
+            self._stop.set()  # all finished: a background worker stops instead of drafting for nobody
 
     def close(self) -> None:
         self._stop.set()
