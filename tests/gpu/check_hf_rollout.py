@@ -28,8 +28,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, default=Path("outputs/bench_ngram"))
     parser.add_argument("--final-steps", type=int, default=9)
-    # benchmarks/ngram_rollout.py on a 2-core CPU host: the overlap worker covers 62-78% of outcomes at 20 ms of
-    # device time per verification forward and 98.6% at 60 ms; the bar (coverage >= 95%) is checked at the last
+    # benchmarks/ngram_rollout.py --device-ms on a 2-core CPU host: the overlap worker covers 62-90% of outcomes
+    # at 20 ms of device time per verification forward and 98.6-100% at 60 ms; the bar (>= 95%) is checked at the last
     parser.add_argument("--busy-ms", type=float, nargs="+", default=[20.0, 60.0])
     args = parser.parse_args()
     require(cuda=True)
