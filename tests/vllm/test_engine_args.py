@@ -85,10 +85,17 @@ def test_vllm_rollout_check_passes_a_good_rollout():
     ({"engine_kwargs": {"vllm": {"speculative_config": {"method": "ngram"}}}}, "keep one of them"),
     ({"mtp": {"enable": True, "enable_rollout": True}}, "mtp.enable_rollout"),
     ({"disable_log_stats": True}, "disable_log_stats=false"),
+    ({"data_parallel_size": 2}, "data_parallel_size=1"),
+    ({"engine_kwargs": {"vllm": {"data_parallel_size": 4}}}, "data_parallel_size=4 runs"),
 ])
 def test_vllm_rollout_check_refuses_conflicts(overrides, words):
     with pytest.raises(ValueError, match=words):
         check_vllm_rollout(_rollout(**overrides), {"method": "ngram_rl"})
+
+
+@pytest.mark.parametrize("method", ["none", "prompt_lookup"])
+def test_data_parallel_vllm_is_fine_without_a_per_prompt_history(method):
+    check_vllm_rollout(_rollout(data_parallel_size=2), {"method": method})
 
 
 def test_nothing_here_imports_vllm():

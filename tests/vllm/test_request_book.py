@@ -1,7 +1,8 @@
 """The ngram_rl proposer's bookkeeping, driven as vLLM's model runner drives it, on real verl_ext drafters.
 
-vLLM does not install on CPU: its InputBatch and model runner are replaced by plain stand-ins of their data
-shape (tests/vllm_standins.py); everything of ours is the real thing. Each step sets the batch rows, then calls
+Pure bookkeeping cases a real engine cannot be steered into on demand (an id finished and resubmitted within
+one step, a preempted request): vLLM's InputBatch and model runner are plain stand-ins of their data shape
+(tests/vllm_standins.py); everything of ours is the real thing. Real vLLM engines: tests/vllm_engine. Each step sets the batch rows, then calls
 ``propose`` as vLLM's ``custom_class`` branch does (sampled tokens, num_tokens_no_spec, token_ids_cpu).
 """
 

