@@ -3,8 +3,8 @@
 A tiny Qwen2 with verl_ext.demo's locally trained tokenizer and random weights (no download) is saved to a
 temporary folder. Each engine runs in a process of its own (one vLLM engine per process):
     baseline   no speculative_config
-    ngram_rl   what verl_ext's vLLM server gives vLLM: the engine args of verl_ext.vllm.engine_args, its worker
-               extension, and the collective_rpc that attaches the proposer to its model runner
+    ngram_rl   what verl_ext's vLLM server gives vLLM (verl_ext.vllm.offline.build_llm: the engine args of
+               verl_ext.vllm.engine_args, its worker extension, the collective_rpc that attaches the proposer)
 Each generates greedily, twice, for the same prompts: pass 1 fills the NgramRL history (requests finish),
 pass 2 drafts from it. Pass: every output of both passes identical to the baseline's, and drafts accepted
 in pass 2 (else the proposer never drafted from the history).
@@ -45,22 +45,16 @@ def build_model(folder: str) -> list[list[int]]:
 
 def run_engine(kind: str, folder: str, prompts: list[list[int]], dtype: str) -> list[dict]:
     """Two greedy passes; per pass the outputs' token ids and the spec-decode counters it added."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     from verl_ext.speculation import SpeculationConfig
-    from verl_ext.vllm.engine_args import drafter_settings, vllm_speculative_config
-    from verl_ext.vllm.engine_args import WORKER_EXTENSION
+    from verl_ext.vllm.offline import build_llm
     from verl_ext.vllm.spec_metrics import read_totals
 
-    engine_args = dict(model=folder, tokenizer=folder, dtype=dtype, seed=0, enforce_eager=True, max_model_len=1024,
-                       gpu_memory_utilization=0.25, disable_log_stats=False)
-    config = SpeculationConfig(method="ngram_rl", num_draft_tokens=NUM_DRAFT_TOKENS)
-    if kind == "ngram_rl":
-        engine_args.update(speculative_config=vllm_speculative_config(config), worker_extension_cls=WORKER_EXTENSION)
-    llm = LLM(**engine_args)
-    if kind == "ngram_rl" and not any(llm.collective_rpc("verl_ext_attach_ngram_rl",
-                                                         kwargs={"settings": drafter_settings(config)})):
-        raise RuntimeError("no vLLM worker holds the ngram_rl proposer")
+    method = "ngram_rl" if kind == "ngram_rl" else "none"
+    llm = build_llm(folder, SpeculationConfig(method=method, num_draft_tokens=NUM_DRAFT_TOKENS), tokenizer=folder,
+                    dtype=dtype, seed=0, enforce_eager=True, max_model_len=1024, gpu_memory_utilization=0.25,
+                    disable_log_stats=False)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     passes = []
     for _ in range(2):
