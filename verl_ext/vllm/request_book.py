@@ -113,10 +113,11 @@ class RequestBook:
 
 
 def _final_output(request: _Request) -> list[int]:
-    """The whole response. vLLM skips ``propose`` (so the rows' tokens go unread) in every step where the longest
-    row plus the draft budget would pass max_model_len (``_input_fits_in_drafter``), so a request finishing then
-    was tracked only up to the step before. vLLM's own state object keeps every sampled token
-    (``CachedRequestState.output_token_ids``, extended in ``_bookkeeping_sync``): take it when it extends ours."""
+    """The whole response. In a step where vLLM skips ``propose`` the rows' new tokens go unread (vLLM 0.24.0's
+    ``_input_fits_in_drafter`` skips it near max_model_len unless the proposer lifts that bound, as
+    ``proposer._propose_up_to_max_model_len`` does), so a request finishing then was tracked only up to the step
+    before. vLLM's own state object keeps every sampled token (``CachedRequestState.output_token_ids``, extended
+    in ``_bookkeeping_sync``): take it when it extends ours."""
     final = getattr(request.handle, "output_token_ids", None)
     if final is None or len(final) <= len(request.output) or list(final[: len(request.output)]) != request.output:
         return request.output
