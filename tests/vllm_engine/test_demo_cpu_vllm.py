@@ -1,6 +1,7 @@
 """demo_cpu_vllm: real GRPO steps through verl's vLLM replica (vLLM 0.24.0 on CPU) with NgramRL drafting."""
 
 import json
+import pickle
 import subprocess
 
 import pytest
@@ -15,8 +16,10 @@ SAMPLES = 8 * 8  # data.train_batch_size x rollout.n of the recipe
 
 def test_three_grpo_steps_on_vllm_with_ngram_rl(demo_data_dir, tmp_path):
     report_dir = tmp_path / "report"
+    checkpoints = tmp_path / "checkpoints"
     command = main_command(f"trainer.total_training_steps={STEPS}", f"verl_ext.data_dir={demo_data_dir}",
-                           f"verl_ext.report_dir={report_dir}", recipe="demo_cpu_vllm")
+                           f"verl_ext.report_dir={report_dir}", f"trainer.save_freq={STEPS}",
+                           f"trainer.default_local_dir={checkpoints}", recipe="demo_cpu_vllm")
     result = subprocess.run(command, capture_output=True, text=True, timeout=1200, cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"steps: {STEPS}" in result.stdout
@@ -34,3 +37,12 @@ def test_three_grpo_steps_on_vllm_with_ngram_rl(demo_data_dir, tmp_path):
         assert metrics["rollout/spec/accepted_tokens_per_forward"] >= 1.0
         assert metrics["rollout/spec/cache_tokens"] > 0  # the ngram_rl history filled
     assert steps[-1]["rollout/spec/cache_tokens"] > steps[0]["rollout/spec/cache_tokens"]
+
+    # verl's checkpoint carries the history out of the vLLM engine as token lists (collective_rpc would have
+    # garbled numpy arrays), every response of the run in it: 3 steps x 64 rollouts (max 32 per prompt)
+    with open(checkpoints / f"global_step_{STEPS}" / "verl_ext_speculation" / "replica_0.pkl", "rb") as f:
+        state = pickle.load(f)
+    assert state["observed"] == STEPS * SAMPLES
+    prompts = state["cache"]["prompts"]
+    assert len(prompts) == STEPS * 8 and all(len(starts) == 8 for _, _, starts in prompts)
+    assert all(isinstance(token, int) for _, tokens, _ in prompts for token in tokens)

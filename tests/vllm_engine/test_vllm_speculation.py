@@ -24,7 +24,7 @@ from vllm import SamplingParams  # noqa: E402
 from vllm_engine_testing import MAX_MODEL_LEN  # noqa: E402
 
 from verl_ext.speculation import SpeculationConfig, prompt_key  # noqa: E402
-from verl_ext.vllm.offline import spec_totals  # noqa: E402
+from verl_ext.vllm.offline import ngram_rl_state, spec_totals  # noqa: E402
 
 MAX_TOKENS = 64
 TIE = 1e-4  # logprob gap below which fp32 rounding may pick either token
@@ -141,9 +141,9 @@ def test_ngram_rl_sampling_matches_sampling_without_speculation(engines, demo_pr
 
 
 def history_state(llm) -> dict:
-    state = llm.collective_rpc("verl_ext_ngram_rl_state")
-    assert len(state) == 1 and state[0] is not None
-    return state[0]
+    state = ngram_rl_state(llm)
+    assert state is not None
+    return state
 
 
 def responses_in(state: dict, prompt: list[int]) -> list[list[int]]:
@@ -161,7 +161,11 @@ def test_history_survives_a_checkpoint_round_trip(engines, demo_prompts):
     outputs = greedy_tokens(llm, demo_prompts[:4])
     state = history_state(llm)
     for prompt, output in zip(demo_prompts[:4], outputs):
-        assert output in [r[: len(output)] for r in responses_in(state, prompt)], "the state lost a response"
+        held = responses_in(state, prompt)
+        assert output in [r[: len(output)] for r in held], (
+            f"the state lost a {len(output)}-token response to a {len(prompt)}-token prompt; it holds "
+            f"{len(held)}, the latest of {len(held[-1]) if held else 0} tokens: {held[-1] if held else None}, "
+            f"output {output}")
 
     llm.collective_rpc("verl_ext_load_ngram_rl_state", kwargs={"state": {"cache": {"prompts": []}, "observed": 0}})
     assert history_state(llm)["cache"]["prompts"] == []

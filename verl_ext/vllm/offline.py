@@ -34,6 +34,13 @@ def spec_totals(llm) -> VllmSpecTotals:
     return read_totals(llm.get_metrics())
 
 
+def ngram_rl_state(llm) -> dict | None:
+    """The ngram_rl history (plain lists, as a checkpoint stores it), every finished response included."""
+    idle = not llm.llm_engine.has_unfinished_requests()
+    answers = llm.collective_rpc("verl_ext_ngram_rl_state", kwargs={"all_finished": idle})
+    return next((a for a in answers if a is not None), None)
+
+
 def shutdown(llm) -> None:
     """Stop the engine's processes now, not when the garbage collector gets to it."""
     llm.llm_engine.engine_core.shutdown()

@@ -43,15 +43,17 @@ class NgramRLProposer:
 
     # ---- for verl_ext's server (through worker_extension) ---------------------------------------------------
 
-    def state_dict(self) -> dict | None:
+    def state_dict(self, all_finished: bool = False) -> dict | None:
         """The history as plain lists: it crosses ``collective_rpc``, whose msgpack encoder sends a numpy array
         as (dtype, shape, buffer index) that the client cannot decode unless VLLM_ALLOW_INSECURE_SERIALIZATION
-        is set (verl does not set it), so a checkpoint would store ``['<i4', [136], 1]`` for the tokens."""
+        is set (verl does not set it), so a checkpoint would store ``['<i4', [136], 1]`` for the tokens.
+
+        ``all_finished``: the engine's client holds no unfinished request. The runner drops a finished request
+        only at the next step it runs, so the last step's requests are still in ``runner.requests``; then they
+        have all finished and go into the history now. Otherwise only the requests vLLM no longer holds do."""
         if self.book is None:
             return None
-        # Between steps nothing is running: every request vLLM no longer holds has finished, including those
-        # that finished in the last step, which propose() has not seen leave yet.
-        self.book.retire(in_batch=(), live=self._runner.requests)
+        self.book.retire(in_batch=(), live=() if all_finished else self._runner.requests)
         return rpc_safe(self.book.drafter.state_dict())
 
     def load_state_dict(self, state: dict) -> None:

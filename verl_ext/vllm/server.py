@@ -78,7 +78,9 @@ class VerlExtvLLMServer(vLLMHttpServer):
         """The ngram_rl history, for verl checkpoints (None for other methods)."""
         if not self._ngram_rl:
             return None
-        return _first_answer(await self.engine.collective_rpc("verl_ext_ngram_rl_state"))
+        idle = not self.engine.output_processor.has_unfinished_requests()
+        return _first_answer(await self.engine.collective_rpc("verl_ext_ngram_rl_state",
+                                                              kwargs={"all_finished": idle}))
 
     async def load_speculation_state(self, state: dict) -> None:
         if self._ngram_rl:

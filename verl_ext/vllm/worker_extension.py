@@ -30,9 +30,9 @@ class VerlExtWorkerExtension(vLLMColocateWorkerExtension):
             proposer.attach(self.model_runner, settings)
         return proposer is not None
 
-    def verl_ext_ngram_rl_state(self) -> dict | None:
+    def verl_ext_ngram_rl_state(self, all_finished: bool = False) -> dict | None:
         proposer = self._verl_ext_proposer()
-        return None if proposer is None else proposer.state_dict()
+        return None if proposer is None else proposer.state_dict(all_finished)
 
     def verl_ext_load_ngram_rl_state(self, state: dict) -> None:
         proposer = self._verl_ext_proposer()
