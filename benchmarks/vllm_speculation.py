@@ -53,16 +53,10 @@ def _read_clock(worker) -> list:
 
 
 def prompts_of(data_dir: Path, count: int) -> tuple[list[list[int]], Path]:
-    import pandas as pd
-    from transformers import AutoTokenizer
-
     from verl_ext.demo.build import ensure_demo_assets
 
     assets = ensure_demo_assets(data_dir)
-    tokenizer = AutoTokenizer.from_pretrained(assets.model_path)
-    rows = pd.read_parquet(assets.train_files)["prompt"].tolist()[:count]
-    return [list(tokenizer.apply_chat_template(list(m), add_generation_prompt=True, tokenize=True,
-                                               return_dict=False)) for m in rows], assets.model_path
+    return assets.train_prompt_ids(count), assets.model_path
 
 
 def run_method(method: str, model_path, steps: list[list[list[int]]], n: int, response_length: int) -> list[dict]:

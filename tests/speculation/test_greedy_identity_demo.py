@@ -1,6 +1,5 @@
 """Greedy decoding of 100 embedded-task prompts is token-for-token identical with and without each drafter."""
 
-import pandas as pd
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -20,12 +19,7 @@ def demo_setup(demo_data_dir):
     tokenizer = AutoTokenizer.from_pretrained(assets.model_path)
     # fp64: batched forwards of different shapes round differently; in fp32 a near-tie argmax could flip
     model = AutoModelForCausalLM.from_pretrained(assets.model_path, dtype=torch.float64, attn_implementation="sdpa")
-    rows = pd.read_parquet(assets.train_files)["prompt"].tolist()[:N_PROMPTS]
-    prompts = [
-        tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True, return_dict=False)
-        for messages in rows
-    ]
-    return model.eval(), tokenizer, [list(p) for p in prompts]
+    return model.eval(), tokenizer, assets.train_prompt_ids(N_PROMPTS)
 
 
 def _greedy(model, tokenizer, prompts, speculator=None):

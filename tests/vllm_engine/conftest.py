@@ -24,15 +24,7 @@ def demo_assets(demo_data_dir):
 @pytest.fixture(scope="session")
 def demo_prompts(demo_assets) -> list[list[int]]:
     """The first NUM_PROMPTS training prompts, tokenized as verl's dataset does (chat template)."""
-    import pandas as pd
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(demo_assets.model_path)
-    rows = pd.read_parquet(demo_assets.train_files)["prompt"].tolist()[:NUM_PROMPTS]
-    return [
-        list(tokenizer.apply_chat_template(list(m), add_generation_prompt=True, tokenize=True, return_dict=False))
-        for m in rows
-    ]
+    return demo_assets.train_prompt_ids(NUM_PROMPTS)
 
 
 @pytest.fixture(scope="module")

@@ -109,6 +109,18 @@ class DemoAssets:
     reward_name: str  # for reward.custom_reward_function.name
     report: dict[str, Any] = field(default_factory=dict, compare=False)  # contents of build.json
 
+    def train_prompt_ids(self, count: int) -> list[list[int]]:
+        """Token ids of the first `count` training prompts, as verl's dataset hands them to the rollout
+        (chat template with the generation prompt)."""
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        rows = pd.read_parquet(self.train_files)["prompt"].tolist()[:count]
+        return [
+            list(tokenizer.apply_chat_template(list(m), add_generation_prompt=True, tokenize=True, return_dict=False))
+            for m in rows
+        ]
+
 
 def ensure_demo_assets(
     data_dir: str | Path, *, rebuild: bool = False, profile: ProfileName = "full"
