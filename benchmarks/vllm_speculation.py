@@ -10,6 +10,9 @@ rollout tokens/s (wall clock of the step's generate), and the drafter's own time
 a share of the step's wall clock: vLLM calls a custom proposer between forwards, so all of it is on the
 critical path. The drafter is timed by wrapping its ``propose`` inside the engine's worker (a pickled function
 sent by collective_rpc: VLLM_ALLOW_INSECURE_SERIALIZATION is set for this benchmark's engines only).
+``ngram_rl+prefetch`` drafts every outcome of the step being verified in a background thread (the default on
+an accelerator), so ``propose`` only looks its draft up; its row adds the share of lookups that hit, and the
+run checks that its sampled tokens equal ``ngram_rl``'s (same seed, same drafts).
 
 ``suffix`` (vLLM's own SuffixDecoding backend) needs arctic-inference, which PyPI has only as a source
 distribution (0.3.0) that compiles C++/CUDA ops against torch and vLLM 0.26 and installs a vLLM plug-in that
@@ -25,7 +28,14 @@ from pathlib import Path
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # the timing function below crosses collective_rpc pickled
 
-METHODS = ("none", "prompt_lookup", "suffix", "ngram_rl")
+# row name -> rollout.custom.speculation settings (None: not run, see the docstring)
+METHODS = {
+    "none": {"method": "none"},
+    "prompt_lookup": {"method": "prompt_lookup"},
+    "suffix": None,
+    "ngram_rl": {"method": "ngram_rl"},
+    "ngram_rl+prefetch": {"method": "ngram_rl", "prefetch": True},  # the default on GPU; off on CPU
+}
 PROMPTS_PER_STEP = 8
 
 
@@ -59,17 +69,19 @@ def prompts_of(data_dir: Path, count: int) -> tuple[list[list[int]], Path]:
     return assets.train_prompt_ids(count), assets.model_path
 
 
-def run_method(method: str, model_path, steps: list[list[list[int]]], n: int, response_length: int) -> list[dict]:
-    """Per step: tokens, wall seconds, spec counters, drafter seconds."""
+def run_method(settings: dict, model_path, steps: list[list[list[int]]], n: int, response_length: int) -> list[dict]:
+    """Per step: tokens, wall seconds, spec counters, drafter seconds, prefetch lookups and hits, the outputs."""
     from vllm import SamplingParams
 
     from verl_ext.speculation import SpeculationConfig
     from verl_ext.vllm.offline import build_llm, shutdown, spec_totals
 
-    llm = build_llm(model_path, SpeculationConfig(method=method), dtype="float32", max_model_len=512,
+    speculation = SpeculationConfig(**settings)
+    llm = build_llm(model_path, speculation, dtype="float32", max_model_len=512,
                     max_num_seqs=PROMPTS_PER_STEP * n, max_num_batched_tokens=4096, enforce_eager=True,
                     disable_log_stats=False, seed=0)
-    timed = method != "none" and any(llm.collective_rpc(_time_drafter))
+    timed = speculation.method != "none" and any(llm.collective_rpc(_time_drafter))
+    ngram_rl = speculation.method == "ngram_rl"
     params = SamplingParams(temperature=1.0, max_tokens=response_length, n=n)
     records = []
     try:
@@ -84,11 +96,18 @@ def run_method(method: str, model_path, steps: list[list[list[int]]], n: int, re
             counters = spec_totals(llm).since(before)
             after = llm.collective_rpc(_read_clock)[0] if timed else [0.0, 0]
             tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+            proposer = _proposer_metrics(llm) if ngram_rl else {}
             records.append({"tokens": tokens, "wall": wall, "counters": counters,
-                            "draft_s": after[0] - clock[0], "draft_calls": after[1] - clock[1]})
+                            "draft_s": after[0] - clock[0], "draft_calls": after[1] - clock[1],
+                            "prefetch": (proposer.get("prefetch_lookups", 0), proposer.get("prefetch_hits", 0)),
+                            "outputs": [tuple(c.token_ids) for o in outputs for c in o.outputs]})
     finally:
         shutdown(llm)
     return records
+
+
+def _proposer_metrics(llm) -> dict:
+    return next((m for m in llm.collective_rpc("verl_ext_ngram_rl_metrics") if m is not None), {})
 
 
 def summarize(records: list[dict]) -> dict:
@@ -98,7 +117,9 @@ def summarize(records: list[dict]) -> dict:
     accepted = sum(r["counters"].accepted_tokens for r in records)
     engine_steps = sum(r["counters"].engine_steps for r in records)
     draft_s = sum(r["draft_s"] for r in records)
+    lookups, hits = (sum(r["prefetch"][i] for r in records) for i in (0, 1))
     return {
+        "prefetch_coverage": hits / lookups if lookups else None,
         "accepted_per_forward": emitted / max(1, emitted - accepted),
         "tokens_per_s": tokens / wall,
         "draft_ms_per_engine_step": 1000 * draft_s / max(1, engine_steps),
@@ -118,26 +139,32 @@ def main() -> None:
     prompts, model_path = prompts_of(args.data_dir.resolve(), args.prompts)
     epoch = [prompts[i:i + PROMPTS_PER_STEP] for i in range(0, len(prompts), PROMPTS_PER_STEP)]
     steps = epoch * args.epochs
-    results = {}
-    for method in METHODS:
-        if method == "suffix":
+    results, outputs = {}, {}
+    for name, settings in METHODS.items():
+        if settings is None:
             continue
-        records = run_method(method, model_path, steps, args.n, args.response_length)
-        results[method] = [summarize(records[e * len(epoch):(e + 1) * len(epoch)]) for e in range(args.epochs)]
+        records = run_method(settings, model_path, steps, args.n, args.response_length)
+        results[name] = [summarize(records[e * len(epoch):(e + 1) * len(epoch)]) for e in range(args.epochs)]
+        outputs[name] = [r["outputs"] for r in records]
 
     base = results["none"]
     print(f"\nvLLM 0.24.0 on CPU, {len(epoch)} steps an epoch of {PROMPTS_PER_STEP} prompts x n={args.n}, "
           f"T=1.0, up to {args.response_length} tokens")
-    print(f"{'method':<14}{'epoch':>6}{'acc/fwd':>9}{'tokens/s':>10}{'vs none':>9}{'draft ms/step':>15}"
-          f"{'draft share':>13}")
-    for method in METHODS:
-        if method not in results:
-            print(f"{method:<14}  not run: arctic-inference is not in the vLLM environment (see the docstring)")
+    print(f"{'method':<18}{'epoch':>6}{'acc/fwd':>9}{'tokens/s':>10}{'vs none':>9}{'draft ms/step':>15}"
+          f"{'draft share':>13}{'prefetch cov':>14}")
+    for name in METHODS:
+        if name not in results:
+            print(f"{name:<18}  not run: arctic-inference is not in the vLLM environment (see the docstring)")
             continue
-        for e, row in enumerate(results[method]):
-            print(f"{method:<14}{e + 1:>6}{row['accepted_per_forward']:>9.2f}{row['tokens_per_s']:>10.0f}"
+        for e, row in enumerate(results[name]):
+            coverage = "" if row["prefetch_coverage"] is None else f"{row['prefetch_coverage']:.1%}"
+            print(f"{name:<18}{e + 1:>6}{row['accepted_per_forward']:>9.2f}{row['tokens_per_s']:>10.0f}"
                   f"{row['tokens_per_s'] / base[e]['tokens_per_s']:>8.2f}x{row['draft_ms_per_engine_step']:>15.2f}"
-                  f"{row['draft_share']:>12.1%}")
+                  f"{row['draft_share']:>12.1%}{coverage:>14}")
+    # Same seed, same drafts: prefetch must leave every sampled token as it was (T=1.0, exact rejection sampling).
+    same = outputs["ngram_rl+prefetch"] == outputs["ngram_rl"]
+    print(f"ngram_rl outputs with prefetch on and off: {'identical' if same else 'DIFFERENT'} "
+          f"({sum(len(step) for step in outputs['ngram_rl'])} sampled responses)")
 
 
 if __name__ == "__main__":

@@ -4,11 +4,17 @@ from verl_ext.speculation import SpeculationConfig
 
 MAX_MODEL_LEN = 360  # prompts are 313-338 tokens: some greedy answers run into the limit
 NUM_PROMPTS = 32
-ENGINE_SEEDS = {"none": 0, "ngram_rl": 1, "prompt_lookup": 2}  # distinct: samples of two engines are independent
+# name -> (speculation, seed); distinct seeds: samples of two engines are independent
+SPECULATION = {
+    "none": (SpeculationConfig(method="none"), 0),
+    "ngram_rl": (SpeculationConfig(method="ngram_rl", num_draft_tokens=8), 1),
+    "ngram_rl_prefetch": (SpeculationConfig(method="ngram_rl", num_draft_tokens=8, prefetch=True), 3),
+    "prompt_lookup": (SpeculationConfig(method="prompt_lookup", num_draft_tokens=8), 2),
+}
 
 
 class Engines:
-    """One vLLM engine at a time, per speculation method, started on first use.
+    """One vLLM engine at a time, per SPECULATION entry, started on first use.
 
     One at a time because vLLM's stat loggers live in a process-wide Prometheus registry, where a new engine
     replaces the counters of the one before: ``spec_totals`` reads the newest engine's only.
@@ -18,17 +24,17 @@ class Engines:
         self.model_path = model_path
         self.method, self.llm = None, None
 
-    def __getitem__(self, method: str):
-        if method != self.method:
+    def __getitem__(self, name: str):
+        if name != self.method:
             from verl_ext.vllm.offline import build_llm
 
             self.close()
-            speculation = SpeculationConfig(method=method, num_draft_tokens=8)
+            speculation, seed = SPECULATION[name]
             self.llm = build_llm(
                 self.model_path, speculation, dtype="float32", max_model_len=MAX_MODEL_LEN, max_num_seqs=64,
-                max_num_batched_tokens=4096, enforce_eager=True, disable_log_stats=False, seed=ENGINE_SEEDS[method],
+                max_num_batched_tokens=4096, enforce_eager=True, disable_log_stats=False, seed=seed,
             )
-            self.method = method
+            self.method = name
         return self.llm
 
     def close(self):

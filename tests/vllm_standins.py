@@ -37,8 +37,9 @@ class RunnerStandIn:
     requests: dict = field(default_factory=dict)  # request id -> anything
 
 
-def vllm_config_standin(num_speculative_tokens: int, max_model_len: int) -> SimpleNamespace:
+def vllm_config_standin(num_speculative_tokens: int, max_model_len: int, device_type: str = "cpu") -> SimpleNamespace:
     return SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=num_speculative_tokens),
         model_config=SimpleNamespace(max_model_len=max_model_len),
+        device_config=SimpleNamespace(device_type=device_type),
     )

@@ -59,7 +59,7 @@ def test_each_method_accepts_the_settings_it_reads(method):
 
 
 @pytest.mark.parametrize("settings,unread", [
-    ({"method": "ngram_rl", "prefetch": True}, "prefetch"),
+    ({"method": "ngram_rl", "prefetch_worker": "overlap"}, "prefetch_worker"),  # vLLM: always a thread
     ({"method": "ngram_rl", "adaptive": False}, "adaptive"),
     ({"prefetch_candidates": 4}, "prefetch_candidates"),  # method defaults to ngram_rl
     ({"method": "prompt_lookup", "cache_max_tokens": 10}, "cache_max_tokens"),

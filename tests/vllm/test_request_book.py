@@ -9,7 +9,8 @@ one step, a preempted request): vLLM's InputBatch and model runner are plain sta
 import pytest
 from vllm_standins import InputBatchStandIn, RunnerStandIn, vllm_config_standin
 
-from verl_ext.speculation import SpeculationConfig, prompt_key
+from verl_ext.speculation import SpecMetrics, SpeculationConfig, prompt_key
+from verl_ext.speculation.prefetch import DraftPrefetcher
 from verl_ext.vllm.engine_args import drafter_settings
 from verl_ext.vllm.proposer import NgramRLProposer
 
@@ -47,8 +48,9 @@ def test_finished_response_drafts_for_same_prompt_only():
     # a row is keyed by its prompt's tokens: b (prompt P) drafts from a's response, c (prompt Q) does not
     engine = Engine()
     assert engine.step([("a", P, R), ("b", P, [10, 11]), ("c", Q, [10, 11])]) == [[], [], []]
-    drafts = engine.step([("b", P, [10, 11, 12]), ("c", Q, [10, 11, 12])])  # a finished: vLLM dropped it
-    assert drafts == [[13, 14, 15, 16], []]
+    # a finished (vLLM dropped it): its response joins the history after this step's drafts are fixed
+    assert engine.step([("b", P, [10, 11, 12]), ("c", Q, [10, 11, 12])]) == [[], []]
+    assert engine.step([("b", P, [10, 11, 12, 13]), ("c", Q, [10, 11, 12, 13])]) == [[14, 15, 16], []]
 
 
 def test_next_rollout_of_a_prompt_drafts_from_the_previous_ones():
@@ -91,8 +93,9 @@ def test_paused_request_is_not_fed_and_resumes_where_it_was():
     engine.step([("a", P, R[:3]), ("b", P, [10])])
     assert engine.step([("b", P, [10, 11])], live={"a", "b"}) == [[]]
     assert engine.step([("a", P, R), ("b", P, [10, 11, 12])]) == [[], []]  # a is back with all its tokens
-    # a finished: the whole response feeds the history, once
-    assert engine.step([("b", P, [10, 11, 12, 13])]) == [[14, 15, 16]]
+    # a finished: the whole response feeds the history (from the next step's drafts on), once
+    assert engine.step([("b", P, [10, 11, 12, 13])]) == [[]]
+    assert engine.step([("b", P, [10, 11, 12, 13, 14])]) == [[15, 16]]
     assert engine.cached_responses == 1
 
 
@@ -144,7 +147,7 @@ def test_state_round_trip():
     engine.step([("c", Q, [9])])
     restored = Engine()
     restored.proposer.load_state_dict(engine.proposer.state_dict())
-    assert restored.proposer.cache_tokens == engine.proposer.cache_tokens > 0
+    assert restored.proposer.take_metrics().cache_tokens == engine.proposer.take_metrics().cache_tokens > 0
     assert restored.step([("b", P, [10])]) == engine.step([("b", P, [10])]) == [[11, 12, 13, 14]]
 
 
@@ -153,7 +156,7 @@ def test_proposer_drafts_nothing_until_attached():
     batch = InputBatchStandIn(MAX_MODEL_LEN)
     batch.set_rows([("a", P, [10])])
     assert proposer.propose([[10]], batch.num_tokens_no_spec, batch.token_ids_cpu) == [[]]
-    assert proposer.state_dict() is None and proposer.cache_tokens == 0
+    assert proposer.state_dict() is None and proposer.take_metrics() == SpecMetrics()
 
 
 def test_attach_refuses_another_method():
@@ -161,3 +164,68 @@ def test_attach_refuses_another_method():
     settings = drafter_settings(SpeculationConfig(method="prompt_lookup"))
     with pytest.raises(ValueError, match="ngram_rl"):
         proposer.attach(RunnerStandIn(InputBatchStandIn(MAX_MODEL_LEN)), settings)
+
+
+@pytest.mark.parametrize("device_type,prefetch,expected", [
+    ("cuda", "auto", True), ("cpu", "auto", False), ("cpu", True, True), ("cuda", False, False)])
+def test_prefetch_runs_where_the_settings_and_the_device_say(device_type, prefetch, expected):
+    proposer = NgramRLProposer(vllm_config_standin(4, MAX_MODEL_LEN, device_type))
+    settings = drafter_settings(SpeculationConfig(method="ngram_rl", prefetch=prefetch))
+    proposer.attach(RunnerStandIn(InputBatchStandIn(MAX_MODEL_LEN)), settings)
+    assert (proposer.book.prefetcher is not None) == expected
+
+
+def _rollout(engine, targets, finished_by_step=()):
+    """Decode ``targets`` (request id -> (prompt, the policy's response)) as vLLM would verify the proposer's drafts:
+    each step keeps the draft's agreeing prefix, then emits the policy's next token. Returns every step's drafts."""
+    outputs = {req_id: [response[0]] for req_id, (_, response) in targets.items()}
+    steps = []
+    while outputs:
+        ids = list(outputs)
+        drafts = engine.step([(r, targets[r][0], outputs[r]) for r in ids])
+        steps.append(drafts)
+        for req_id, draft in zip(ids, drafts):
+            response, out = targets[req_id][1], outputs[req_id]
+            for token in draft:
+                if len(out) == len(response) or token != response[len(out)]:
+                    break
+                out.append(token)
+            if len(out) < len(response):
+                out.append(response[len(out)])  # the policy's token: never the rejected draft token
+            if len(out) == len(response):
+                del outputs[req_id]
+    return steps
+
+
+# Responses to P that share runs of R and differ between them: drafts are partly accepted, partly rejected.
+SIBLINGS = {"s1": (P, [10, 11, 12, 20, 21, 13, 14, 15, 16]), "s2": (P, [10, 11, 30, 12, 13, 31, 15, 16, 17]),
+            "s3": (P, [10, 12, 13, 14, 15, 16, 40, 41, 42, 43]), "s4": (P, [11, 12, 13, 14, 10, 11, 12, 13, 14])}
+
+
+def _prefetching_engine(interrupt_on_collect):
+    engine = Engine(num_draft_tokens=4)
+    book = engine.proposer.book
+    book.prefetcher = DraftPrefetcher(book.drafter, max_budget=4, threaded=True,
+                                      interrupt_on_collect=interrupt_on_collect)
+    return engine
+
+
+@pytest.mark.parametrize("interrupt_on_collect", [False, True])
+def test_prefetch_changes_no_draft(interrupt_on_collect):
+    # two epochs of the same prompt; siblings finish at different steps, so the history changes mid-batch.
+    # False: collect waits for the worker, so every foreseen outcome is a hit; True (the proposer's own): the
+    # worker is stopped at collect, hits depend on timing, drafts must not.
+    plain, prefetching = Engine(num_draft_tokens=4), _prefetching_engine(interrupt_on_collect)
+    drafted = []
+    for epoch in range(2):
+        batch = {f"{r}-{epoch}": target for r, target in SIBLINGS.items()}
+        steps = _rollout(prefetching, batch)
+        assert steps == _rollout(plain, batch)
+        drafted += [len(d) for drafts in steps for d in drafts]
+    assert sum(drafted) > 20 and 0 in drafted  # drafts were made (and missing) for the identity to mean something
+    stats = prefetching.proposer.book.prefetcher.stats
+    assert stats.lookups > 10 and stats.worker_errors == 0
+    if not interrupt_on_collect:
+        assert stats.hits == stats.lookups and stats.stale == 0  # the history changed only between collect and submit
+    assert prefetching.proposer.take_metrics().prefetch_lookups == stats.lookups
+

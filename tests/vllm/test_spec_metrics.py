@@ -66,13 +66,14 @@ def test_restarted_engine_counts_from_zero():
 
 def test_spec_metrics_keep_the_hf_engines_definitions():
     # 4 requests x 5 decode steps; 30 drafted, 12 accepted: each forward emits its accepted drafts + 1 token
-    metrics = spec_metrics(VllmSpecTotals(engine_steps=5, drafted_tokens=30, accepted_tokens=12, emitted_tokens=32),
-                           cache_tokens=77)
+    metrics = spec_metrics(VllmSpecTotals(engine_steps=5, drafted_tokens=30, accepted_tokens=12, emitted_tokens=32))
+    metrics += SpecMetrics(cache_tokens=77, prefetch_lookups=10, prefetch_hits=4)  # the proposer's side
     assert metrics.sequence_forwards == 20 and metrics.target_forwards == 5
     assert metrics.accepted_tokens_per_forward == pytest.approx(32 / 20)
     assert metrics.acceptance_rate == pytest.approx(12 / 30)
     out = metrics.as_dict()
-    assert out["rollout/spec/cache_tokens"] == 77.0
+    assert out["rollout/spec/cache_tokens"] == 77.0 and out["rollout/spec/prefetch_coverage"] == pytest.approx(0.4)
+    assert out["rollout/spec/accepted_tokens_per_forward"] == pytest.approx(32 / 20)
     # every counter verl_ext's trainer merges across replicas is there
     assert {f"rollout/spec/{name}" for name in SpecMetrics.__dataclass_fields__} <= set(out)
 

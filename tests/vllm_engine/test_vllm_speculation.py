@@ -9,7 +9,8 @@
   samples at temperature 0.9, must be caught by the same test;
 - the history crosses collective_rpc intact (a checkpoint round trip), and holds responses whole even when
   they end where vLLM 0.24.0 stops calling the proposer (near max_model_len).
-Tests run in file order, one engine at a time (conftest: none, then ngram_rl, then prompt_lookup).
+- with prefetch on (a thread drafting ahead during the forward), outputs and counters equal ngram_rl's exactly.
+Tests run in file order, one engine at a time (conftest: none, ngram_rl, ngram_rl with prefetch, prompt_lookup).
 """
 
 import collections
@@ -113,16 +114,26 @@ def test_negative_control_a_different_temperature_is_caught(plain):
 # ---- ngram_rl ----------------------------------------------------------------------------------------------
 
 
-def test_ngram_rl_is_greedy_identical_and_drafts_from_the_history(engines, demo_prompts, plain):
-    llm = engines["ngram_rl"]
-    before = spec_totals(llm)
-    assert_same_as_reference(greedy_tokens(llm, demo_prompts), plain["greedy"])
-    round_1 = spec_totals(llm).since(before)
-    assert round_1.drafted_tokens == 0, "fresh prompts have no history to draft from"
+def two_greedy_rounds(llm, prompts) -> list[tuple[list[list[int]], object]]:
+    """(outputs, spec counters) of two greedy rounds over the same prompts on a fresh engine."""
+    rounds = []
+    for _round in range(2):
+        before = spec_totals(llm)
+        outputs = greedy_tokens(llm, prompts)
+        rounds.append((outputs, spec_totals(llm).since(before)))
+    return rounds
 
-    before = spec_totals(llm)
-    assert_same_as_reference(greedy_tokens(llm, demo_prompts), plain["greedy"])
-    round_2 = spec_totals(llm).since(before)
+
+@pytest.fixture(scope="module")
+def ngram_rl_rounds(engines, demo_prompts):
+    return two_greedy_rounds(engines["ngram_rl"], demo_prompts)
+
+
+def test_ngram_rl_is_greedy_identical_and_drafts_from_the_history(ngram_rl_rounds, plain):
+    (outputs_1, round_1), (outputs_2, round_2) = ngram_rl_rounds
+    assert_same_as_reference(outputs_1, plain["greedy"])
+    assert round_1.drafted_tokens == 0, "fresh prompts have no history to draft from"
+    assert_same_as_reference(outputs_2, plain["greedy"])
     assert round_2.accepted_tokens > 0.5 * round_2.emitted_tokens, (
         f"round 2 accepted {round_2.accepted_tokens} drafted tokens of {round_2.emitted_tokens} emitted: "
         "greedy answers to the same prompts should come mostly from round 1's history")
@@ -190,6 +201,22 @@ def test_responses_ending_near_max_model_len_reach_the_history_whole(engines, de
         assert latest[: len(output)] == output, (
             f"history holds {len(latest)} tokens of a {len(output)}-token response (prompt of {len(prompt)})")
     assert near_the_end >= 3, "no response ended near max_model_len: the test would not cover the skipped steps"
+
+
+# ---- ngram_rl with prefetch (a background thread drafts every outcome of the step being verified) --------------
+
+
+def test_prefetch_changes_no_output_and_reports_its_coverage(engines, demo_prompts, ngram_rl_rounds):
+    # on CPU prefetch is off unless asked for (nothing idle to run it on); here it is on, in its thread. Drafts
+    # must not depend on it, so outputs and counters equal the ngram_rl engine's exactly, round for round.
+    llm = engines["ngram_rl_prefetch"]
+    assert two_greedy_rounds(llm, demo_prompts) == ngram_rl_rounds
+    metrics = next(m for m in llm.collective_rpc("verl_ext_ngram_rl_metrics") if m is not None)
+    assert metrics["prefetch_lookups"] > 0, "round 2 drafted: each draft's outcome should have been looked up"
+    assert metrics["prefetch_hits"] > 0, (
+        f"no prefetched draft was used in {metrics['prefetch_lookups']} lookups: the worker never ran between "
+        "steps (it takes the GIL whenever vLLM's torch ops release it)")
+    print(f"prefetch coverage on CPU: {metrics['prefetch_hits']}/{metrics['prefetch_lookups']}")
 
 
 # ---- prompt_lookup (vLLM's own ngram proposer) ---------------------------------------------------------------

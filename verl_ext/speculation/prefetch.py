@@ -126,9 +126,14 @@ class DraftPrefetcher:
         if not self._pending:
             self._stop.set()  # all finished: a background worker stops instead of drafting for nobody
 
-    def close(self) -> None:
+    def cancel(self) -> None:
+        """Stop the worker and forget every prefetched draft (the drafter's state is about to be replaced)."""
         self._stop.set()
         self._finish()
+        self._pending = {}
+
+    def close(self) -> None:
+        self.cancel()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 

@@ -16,15 +16,16 @@ NGRAM_RL_PROPOSER = "verl_ext.vllm.proposer.NgramRLProposer"
 # verl's worker extension plus the collective_rpc methods that attach and checkpoint the ngram_rl proposer.
 WORKER_EXTENSION = "verl_ext.vllm.worker_extension.VerlExtWorkerExtension"
 
-# The settings each method reads under rollout.name=vllm; the rest (prefetch, adaptive, ...) drive verl_ext's
-# HF engine only and are refused when given, so that no key silently does nothing.
+# The settings each method reads under rollout.name=vllm; the rest (adaptive, prefetch_worker, ...) drive
+# verl_ext's HF engine only and are refused when given, so that no key silently does nothing. ngram_rl's
+# prefetch always runs in a thread on vLLM (proposer.py says why).
 VLLM_SETTINGS: dict[str, frozenset[str]] = {
     "none": frozenset({"method"}),
     "prompt_lookup": frozenset({"method", "num_draft_tokens", "min_match", "max_match"}),
     "suffix": frozenset({"method", "num_draft_tokens", "max_match", "suffix_max_requests", "suffix_min_token_prob",
                          "suffix_max_spec_factor"}),
     "ngram_rl": frozenset({"method", "num_draft_tokens", "min_match", "max_match", "cache_max_tokens",
-                           "max_responses_per_prompt"}),
+                           "max_responses_per_prompt", "prefetch"}),
 }
 
 
@@ -75,7 +76,7 @@ def check_settings(settings: dict) -> None:
     if unread:
         raise ValueError(
             f"{unread} would do nothing with rollout.name=vllm, where method={method} reads "
-            f"{sorted(VLLM_SETTINGS[method])} (prefetch, adaptive and the like drive the rollout.name=hf engine); "
+            f"{sorted(VLLM_SETTINGS[method])} (adaptive, prefetch_worker and the like drive the rollout.name=hf engine); "
             "remove them."
         )
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from verl_ext.speculation import SpeculationConfig, build_drafter
+from verl_ext.speculation import SpeculationConfig, SpecMetrics, build_drafter
+from verl_ext.speculation.prefetch import DraftPrefetcher
 from verl_ext.vllm.request_book import BatchRows, RequestBook
 
 
@@ -17,8 +18,10 @@ class NgramRLProposer:
     def __init__(self, vllm_config):
         self.num_speculative_tokens = vllm_config.speculative_config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
+        self.device_type = vllm_config.device_config.device_type  # "cuda", "cpu", ...
         self.book: RequestBook | None = None
         self._runner = None
+        self._prefetch_seen = (0, 0)  # prefetcher (lookups, hits) at the last take_metrics()
 
     def attach(self, runner, settings: dict) -> None:
         """Start drafting: ``runner`` is vLLM's GPUModelRunner, ``settings`` verl_ext's SpeculationConfig fields."""
@@ -26,7 +29,14 @@ class NgramRLProposer:
         if config.method != "ngram_rl":
             raise ValueError(f"NgramRLProposer serves speculation.method=ngram_rl, got {config.method}")
         num_draft_tokens = min(config.num_draft_tokens, self.num_speculative_tokens)
-        self.book = RequestBook(build_drafter(config), num_draft_tokens, self.max_model_len)
+        drafter = build_drafter(config)
+        prefetcher = None
+        if config.uses_prefetch(self.device_type):
+            # A thread: vLLM offers no hook between launching the forward and waiting for it (the HF engine's
+            # "overlap" worker). It takes the GIL whenever the engine's thread releases it, which the engine
+            # does while it waits for the device to finish the forward (and inside torch ops on CPU).
+            prefetcher = DraftPrefetcher(drafter, config.prefetch_candidates, num_draft_tokens, threaded=True)
+        self.book = RequestBook(drafter, num_draft_tokens, self.max_model_len, prefetcher)
         self._runner = runner
         _propose_up_to_max_model_len(runner, self.num_speculative_tokens)
 
@@ -59,11 +69,23 @@ class NgramRLProposer:
     def load_state_dict(self, state: dict) -> None:
         if self.book is None:
             raise RuntimeError("NgramRLProposer.load_state_dict before attach(): nothing to load into")
+        if self.book.prefetcher is not None:
+            self.book.prefetcher.cancel()  # versions restart with the loaded history: no table may outlive it
         self.book.drafter.load_state_dict(state)
 
-    @property
-    def cache_tokens(self) -> int:
-        return 0 if self.book is None else self.book.drafter.stats.cache_tokens
+    def take_metrics(self) -> SpecMetrics:
+        """The drafter's side of ``rollout/spec/*`` (history size, prefetch lookups and hits since the last call);
+        the token counters come from vLLM's own stat loggers (spec_metrics.py)."""
+        metrics = SpecMetrics()
+        if self.book is None:
+            return metrics
+        metrics.cache_tokens = self.book.drafter.stats.cache_tokens
+        if self.book.prefetcher is not None:
+            stats = self.book.prefetcher.stats
+            metrics.prefetch_lookups = stats.lookups - self._prefetch_seen[0]
+            metrics.prefetch_hits = stats.hits - self._prefetch_seen[1]
+            self._prefetch_seen = (stats.lookups, stats.hits)
+        return metrics
 
 
 def _propose_up_to_max_model_len(runner, num_speculative_tokens: int) -> None:

@@ -3,16 +3,22 @@
 Pure Python and numpy: the proposer hands it the InputBatch fields below each step, so CPU tests drive it
 with plain arrays. Per step (one ``propose`` call of vLLM's model runner):
 
-    1. requests that left the batch and are no longer live (vLLM popped them from ``runner.requests``:
-       finished or aborted) feed their response to the drafter, before any draft of this step, so the
-       siblings still running draft from it at once; a request that left but is live (preempted, or not
-       scheduled this step) keeps its tokens and picks up where it was when it returns;
-    2. each row's request is looked up by id (and vLLM's state object, which a resubmitted id does not share);
+    1. each row's request is looked up by id (and vLLM's state object, which a resubmitted id does not share);
        a new one is keyed by ``prompt_key`` of its prompt, and each row's output is brought up to date from
        the row's new tokens (O(new tokens) a step);
-    3. the drafter proposes for every row that sampled this step (an empty ``sampled_token_ids`` row is a
-       prompt still prefilling), each draft clipped to min(num_draft_tokens, tokens left before
-       max_model_len - 1).
+    2. every row that sampled this step (an empty ``sampled_token_ids`` row is a prompt still prefilling) gets
+       a draft clipped to min(num_draft_tokens, tokens left before max_model_len - 1): from the prefetcher
+       where it foresaw the row's outcome, else from the drafter now;
+    3. requests that left the batch and are no longer live (vLLM popped them from ``runner.requests``:
+       finished or aborted) feed their response to the drafter; a request that left but is live (preempted,
+       or not scheduled this step) keeps its tokens and picks up where it was when it returns;
+    4. the prefetcher (when on) starts drafting, in a background thread, the next step's drafts for every
+       outcome of verifying this step's.
+
+So a response feeds drafts from the step after the one that sees it leave (as in verl_ext's HF engine,
+``speculation/speculator.py``): the prefetcher drafts from the history the next step will see, and drafts do
+not depend on whether it is on. A step that continues none of the previous step's requests (a new batch)
+first takes in every response that finished before it.
 
 Each request feeds the history at most once. The response fed is vLLM's own record of the request's output
 (its state object), or what the row held at its last step where there is none; a stop in the middle of a
@@ -29,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from verl_ext.speculation import DraftRequest, Drafter, prompt_key
+from verl_ext.speculation.prefetch import DraftPrefetcher
 
 
 @dataclass(frozen=True)
@@ -57,12 +64,15 @@ class _Request:
 
 
 class RequestBook:
-    def __init__(self, drafter: Drafter, num_draft_tokens: int, max_model_len: int):
+    def __init__(self, drafter: Drafter, num_draft_tokens: int, max_model_len: int,
+                 prefetcher: DraftPrefetcher | None = None):
         self.drafter = drafter
         self.num_draft_tokens = num_draft_tokens
         self.max_model_len = max_model_len
+        self.prefetcher = prefetcher
         self._requests: dict[str, _Request] = {}  # in the batch, or out of it but live
         self._seq_ids = itertools.count()
+        self._last_rows: set[str] = set()  # request ids of the previous step's rows
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -74,16 +84,27 @@ class RequestBook:
         ``live``: the requests vLLM still holds, id -> its state object (``runner.requests``).
         """
         num_rows = len(sampled_token_ids)
-        self.retire(set(rows.req_ids[:num_rows]), live)
-        to_draft: list[tuple[int, _Request, int]] = []  # (row, request, budget)
+        in_batch = set(rows.req_ids[:num_rows])
+        if self._last_rows.isdisjoint(in_batch):
+            self.retire(in_batch, live)
+        self._last_rows = in_batch
+        to_draft: list[tuple[int, DraftRequest, int]] = []  # (row, request, budget)
         for i in range(num_rows):
             request, budget = self._sync_row(rows, i, live), self._budget(rows, i)
             if sampled_token_ids[i] and budget > 0:  # an empty entry is a prompt still prefilling
-                to_draft.append((i, request, budget))
-        proposed = self.drafter.propose([r.as_draft_request() for _, r, _ in to_draft], [b for _, _, b in to_draft])
+                to_draft.append((i, request.as_draft_request(), budget))
+        requests, budgets = [r for _, r, _ in to_draft], [b for _, _, b in to_draft]
+        if self.prefetcher is None:
+            proposed = self.drafter.propose(requests, budgets)
+        else:
+            proposed = self.prefetcher.collect(requests, budgets)  # also stops the worker before retire() writes
+        proposed = [[int(t) for t in draft[:budget]] for draft, budget in zip(proposed, budgets)]
+        self.retire(in_batch, live)
+        if self.prefetcher is not None:
+            self.prefetcher.submit(requests, proposed)
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
-        for (i, _, budget), draft in zip(to_draft, proposed):
-            drafts[i] = [int(t) for t in draft[:budget]]
+        for (i, _, _), draft in zip(to_draft, proposed):
+            drafts[i] = draft
         return drafts
 
     def retire(self, in_batch: Container[str], live: Container[str]) -> None:
@@ -92,6 +113,8 @@ class RequestBook:
             self._finish(self._requests.pop(req_id))
 
     def _finish(self, request: _Request) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.release([request.seq_id])
         output = _final_output(request)
         if output:
             self.drafter.observe(request.key, request.prompt, output)

@@ -15,6 +15,7 @@ import ray
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
 
 from verl_ext.rollout.speculator import build_speculation_config
+from verl_ext.speculation import SpecMetrics
 from verl_ext.vllm.engine_args import WORKER_EXTENSION, drafter_settings, vllm_speculative_config
 from verl_ext.vllm.spec_metrics import VllmSpecTotals, read_totals, spec_metrics
 
@@ -69,10 +70,11 @@ class VerlExtvLLMServer(vLLMHttpServer):
             return {}
         now = _vllm_spec_totals()
         delta, self._spec_seen = now.since(self._spec_seen), now
-        cache_tokens = 0
+        metrics = spec_metrics(delta)
         if self._ngram_rl:
-            cache_tokens = _first_answer(await self.engine.collective_rpc("verl_ext_ngram_rl_cache_tokens")) or 0
-        return spec_metrics(delta, cache_tokens).as_dict()
+            drafter_side = _first_answer(await self.engine.collective_rpc("verl_ext_ngram_rl_metrics"))
+            metrics += SpecMetrics(**(drafter_side or {}))
+        return metrics.as_dict()
 
     async def speculation_state(self):
         """The ngram_rl history, for verl checkpoints (None for other methods)."""

@@ -60,13 +60,12 @@ def read_totals(snapshot: Iterable) -> VllmSpecTotals:
     return VllmSpecTotals(**totals)
 
 
-def spec_metrics(delta: VllmSpecTotals, cache_tokens: int = 0) -> SpecMetrics:
-    """SpecMetrics for one interval of vLLM's totals; ``cache_tokens``: the NgramRL history's size (0 for others)."""
+def spec_metrics(delta: VllmSpecTotals) -> SpecMetrics:
+    """SpecMetrics for one interval of vLLM's totals (the ngram_rl proposer adds its own side: take_metrics)."""
     return SpecMetrics(
         target_forwards=delta.engine_steps,
         sequence_forwards=max(0, delta.emitted_tokens - delta.accepted_tokens),
         drafted_tokens=delta.drafted_tokens,
         accepted_tokens=delta.accepted_tokens,
         emitted_tokens=delta.emitted_tokens,
-        cache_tokens=cache_tokens,
     )

@@ -6,6 +6,8 @@ whole. Names carry a ``verl_ext_`` prefix: vLLM refuses an extension attribute t
 Loaded only inside vLLM's worker processes (it imports vLLM through verl).
 """
 
+import dataclasses
+
 from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
 
 from verl_ext.vllm.proposer import NgramRLProposer
@@ -39,6 +41,7 @@ class VerlExtWorkerExtension(vLLMColocateWorkerExtension):
         if proposer is not None:
             proposer.load_state_dict(state)
 
-    def verl_ext_ngram_rl_cache_tokens(self) -> int | None:
+    def verl_ext_ngram_rl_metrics(self) -> dict | None:
+        """The proposer's SpecMetrics fields since the last call (plain ints: they cross collective_rpc)."""
         proposer = self._verl_ext_proposer()
-        return None if proposer is None else proposer.cache_tokens
+        return None if proposer is None else dataclasses.asdict(proposer.take_metrics())
