@@ -3,14 +3,17 @@ without speculation, asynchronous vs synchronous prefetch.
 
     python benchmarks/ngram_rollout.py [--steps 30] [--out outputs/bench_ngram] [--reuse]
 
-1. Trains the embedded default for --steps GRPO steps (ngram_rl on), recording every rollout and saving the
-   final policy as a Hugging Face model.
-2. Replays each step's rollouts through every drafter (verl_ext.speculation.offline: exact in distribution)
-   and reports accepted tokens per target forward per step (PNG) and over the final 30% of steps.
+1. Trains the embedded default for --steps GRPO steps (ngram_rl on, every source), recording every rollout
+   and saving the final policy as a Hugging Face model.
+2. Replays each step's rollouts through every drafter (verl_ext.speculation.offline: exact in distribution),
+   ngram_rl with and without its fallback sources, and reports accepted tokens per target forward per step
+   (PNG), over the first epoch (the steps before a prompt comes back) and over the final 30% of steps, beside
+   the training run's own (online) figures, and how much each source drafted and how well.
 3. Replays the final steps with ngram_rl, drafting synchronously and with prefetch run to completion:
    prefetch coverage (outcomes whose draft was ready) and the host time per verification round each puts on
    the critical path, plus the prefetch work that must fit inside the verification forward.
-4. In one process, generates the final steps' prompts at temperature 1.0 with the final policy: no
+4. In one process, generates the first epoch's prompts from an empty history (no speculation, ngram_rl
+   prompt-only, ngram_rl), then the final steps' prompts at temperature 1.0 with the final policy: no
    speculation, ngram_rl with synchronous drafting, with prefetch overlapping the device's forward (on CPU
    the forward is synchronous, so nothing overlaps) and with prefetch in a background thread.
 5. The same with an emulated device-bound forward (DeviceTimeEngine: each verification forward keeps a
@@ -31,10 +34,17 @@ import torch
 from verl_ext.rollout.engine import HFGenerationEngine
 from verl_ext.rollout.requests import GenerationRequest, SamplingSettings
 from verl_ext.rollout.trace import read_trace
-from verl_ext.speculation import SpeculationConfig, Speculator, build_drafter, prompt_key
+from verl_ext.speculation import SpecMetrics, SpeculationConfig, Speculator, build_drafter, prompt_key
 from verl_ext.speculation.offline import replay_steps
 
-DRAFTERS = ("ngram_rl", "prompt_lookup", "suffix")
+# name -> drafter settings; "ngram_rl prompt-only" is ngram_rl before its fallback sources (issue 14)
+DRAFTERS = {
+    "ngram_rl": {"method": "ngram_rl"},
+    "ngram_rl prompt-only": {"method": "ngram_rl", "draft_from_siblings": False, "draft_from_self": False,
+                             "draft_from_global": False},
+    "prompt_lookup": {"method": "prompt_lookup"},
+    "suffix": {"method": "suffix"},
+}
 BUDGET = 16
 FINAL_SHARE = 0.3
 
@@ -61,13 +71,27 @@ def load_steps(trace_dir: Path) -> list[list[tuple[list[int], list[int]]]]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def score_drafters(steps) -> dict[str, list[float]]:
-    curves = {}
-    for method in DRAFTERS:
-        speculator = Speculator(SpeculationConfig(method=method, num_draft_tokens=BUDGET, prefetch=False,
+def score_drafters(steps) -> tuple[dict[str, list[float]], dict[str, dict[str, list[int]]]]:
+    """Per drafter: accepted tokens per forward per step, and the counters by draft source over all steps."""
+    curves, sources = {}, {}
+    for name, settings in DRAFTERS.items():
+        speculator = Speculator(SpeculationConfig(**settings, num_draft_tokens=BUDGET, prefetch=False,
                                                   adaptive=False))
-        curves[method] = [m.accepted_tokens_per_forward for m in replay_steps(speculator, steps)]
-    return curves
+        metrics = replay_steps(speculator, steps)
+        curves[name] = [m.accepted_tokens_per_forward for m in metrics]
+        sources[name] = sum(metrics, SpecMetrics()).by_source
+    return curves, sources
+
+
+def first_epoch_steps(steps) -> int:
+    """Steps before the first that revisits a prompt (the run's first pass over its data)."""
+    seen = set()
+    for i, rollouts in enumerate(steps):
+        prompts = {tuple(p) for p, _ in rollouts}
+        if prompts & seen:
+            return i
+        seen |= prompts
+    return len(steps)
 
 
 class _TimedSpeculator(Speculator):
@@ -115,6 +139,10 @@ def prefetch_replay(steps, cut: int, windows_ms=(1, 2, 5, 10, 20, 40, 60)) -> di
 def final_mean(values: list[float]) -> float:
     tail = values[-max(1, round(len(values) * FINAL_SHARE)) :]
     return sum(tail) / len(tail)
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
 
 
 def default_variants(**overrides) -> dict:
@@ -224,7 +252,7 @@ def print_timings(title: str, timings: dict) -> None:
     base = timings["none"][0]
     print(f"\n{title}:")
     for name, (tokens_per_s, metrics, _) in timings.items():
-        print(f"  {name:<15} {describe_timing(tokens_per_s, metrics, base)}")
+        print(f"  {name:<22} {describe_timing(tokens_per_s, metrics, base)}")
 
 
 def describe_timing(tokens_per_s: float, metrics, base: float) -> str:
@@ -243,7 +271,7 @@ def plot(curves: dict[str, list[float]], online: list[float], path: Path) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
     for method, values in curves.items():
         ax.plot(range(1, len(values) + 1), values, marker=".", label=f"{method} (offline)")
     if online:
@@ -256,13 +284,23 @@ def plot(curves: dict[str, list[float]], online: list[float], path: Path) -> Non
     fig.savefig(path, dpi=100)
 
 
-def online_metrics(run_dir: Path) -> tuple[list[float], list[float] | None]:
-    """The training run's own ngram_rl curve, and its prefetch coverage (None when prefetch was off)."""
+def online_metrics(run_dir: Path) -> tuple[list[float], list[float] | None, list[SpecMetrics]]:
+    """The training run's own ngram_rl curve, its prefetch coverage (None when prefetch was off), and its
+    counters per step (by draft source too)."""
     rows = [json.loads(line)["data"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "rollout/spec/accepted_tokens_per_forward" in r]
     coverage = [r["rollout/spec/prefetch_coverage"] for r in rows]
     prefetched = any(r.get("rollout/spec/prefetch_lookups", 0) for r in rows)
-    return [r["rollout/spec/accepted_tokens_per_forward"] for r in rows], coverage if prefetched else None
+    counters = [SpecMetrics.from_dict(r) for r in rows]
+    return [r["rollout/spec/accepted_tokens_per_forward"] for r in rows], coverage if prefetched else None, counters
+
+
+def print_sources(title: str, by_source: dict[str, list[int]]) -> None:
+    """Share of sequence forwards and accepted tokens per forward by the source of their draft."""
+    total = sum(forwards for forwards, _, _ in by_source.values()) or 1
+    parts = [f"{source} {forwards / total:.0%} of forwards at {(accepted + forwards) / max(1, forwards):.2f}"
+             for source, (forwards, _, accepted) in sorted(by_source.items(), key=lambda item: -item[1][0])]
+    print(f"  {title}: " + ", ".join(parts))
 
 
 def main() -> None:
@@ -278,18 +316,30 @@ def main() -> None:
         train(out, args.steps)
 
     steps = load_steps(out / "trace")
-    curves = score_drafters(steps)
-    online, coverage = online_metrics(out / "run")
+    curves, sources = score_drafters(steps)
+    online, coverage, online_counters = online_metrics(out / "run")
     plot(curves, online, out / "accepted_per_forward.png")
 
-    print(f"\nAccepted tokens per target forward, final {FINAL_SHARE:.0%} of {len(steps)} steps (budget {BUDGET}):")
-    for method, values in curves.items():
-        print(f"  {method:<14} offline {final_mean(values):6.2f}")
+    epoch = first_epoch_steps(steps)
+    print(f"\nAccepted tokens per target forward (budget {BUDGET}); first epoch = steps 1-{epoch}, final "
+          f"{FINAL_SHARE:.0%} of {len(steps)} steps:")
+    print(f"  {'drafter':<22}{'':>8}{'first epoch':>13}{'final 30%':>11}")
+    for name, values in curves.items():
+        print(f"  {name:<22}{'offline':>8}{mean(values[:epoch]):>13.2f}{final_mean(values):>11.2f}")
     if online:
         prefetch = "prefetch off" if coverage is None else f"prefetch coverage {final_mean(coverage):.1%}"
-        print(f"  {'ngram_rl':<14} online  {final_mean(online):6.2f}   (adaptive draft length; {prefetch})")
-    best_other = max(final_mean(curves[m]) for m in DRAFTERS if m != "ngram_rl")
-    print(f"  ngram_rl / best other drafter: {final_mean(curves['ngram_rl']) / best_other:.2f}x")
+        print(f"  {'ngram_rl':<22}{'online':>8}{mean(online[:epoch]):>13.2f}{final_mean(online):>11.2f}   "
+              f"(the training run: adaptive draft length; {prefetch})")
+    others = [m for m in DRAFTERS if not m.startswith("ngram_rl")]
+    for span, pick in (("first epoch", lambda v: mean(v[:epoch])), ("final 30%", final_mean)):
+        best = max(others, key=lambda m: pick(curves[m]))
+        print(f"  {span}: ngram_rl / best other drafter ({best}): {pick(curves['ngram_rl']) / pick(curves[best]):.2f}x")
+    print("\nBy draft source (sequence forwards whose draft came from it, and their accepted tokens per forward):")
+    print_sources("ngram_rl offline, all steps", sources["ngram_rl"])
+    if online_counters:
+        print_sources("ngram_rl online, first epoch", sum(online_counters[:epoch], SpecMetrics()).by_source)
+        print_sources("ngram_rl online, final 30%",
+                      sum(online_counters[-max(1, round(len(online_counters) * FINAL_SHARE)):], SpecMetrics()).by_source)
 
     cut = len(steps) - max(1, round(len(steps) * FINAL_SHARE))
     replayed = prefetch_replay(steps, cut)
@@ -302,6 +352,11 @@ def main() -> None:
     print("  coverage when the forward leaves only so much host time per round: "
           + ", ".join(f"{name} {replayed[name][2]:.1%}" for name in cut_off))
     model_dir = out / "checkpoints" / f"global_step_{len(steps)}" / "actor" / "huggingface"
+    cold = {"none": None, **{name: SpeculationConfig(**DRAFTERS[name], num_draft_tokens=BUDGET, prefetch=False)
+                             for name in ("ngram_rl prompt-only", "ngram_rl")}}
+    timings = time_rollouts(model_dir, [], steps[:epoch], response_length=64, variants=cold, repeats=1)
+    print_timings(f"Rollout wall-clock, first epoch's prompts with an empty history (steps 1-{epoch}), temperature "
+                  "1.0, the final policy, one process", timings)
     timings = time_rollouts(model_dir, steps[:cut], steps[cut:], response_length=64)
     print_timings(f"Rollout wall-clock, final {len(steps) - cut} steps' prompts, temperature 1.0, one process", timings)
     print("  (async: on CPU the forward has finished when the host gets back, so the overlap worker has nothing to "

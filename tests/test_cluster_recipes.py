@@ -92,7 +92,8 @@ def test_cluster_knobs_override():
     assert config.actor_rollout_ref.model.path == "/shared/models/qwen"
 
 
-HISTORY_KEYS = [f"{SPEC}.cache_max_tokens", f"{SPEC}.max_responses_per_prompt"]  # ngram_rl's own
+HISTORY_KEYS = [f"{SPEC}.{key}" for key in ("cache_max_tokens", "max_responses_per_prompt", "draft_from_siblings",
+                                            "draft_from_self", "draft_from_global", "global_max_tokens")]  # ngram_rl's own
 
 
 @pytest.mark.parametrize("method,drop,expected", [
@@ -111,7 +112,7 @@ def test_other_methods_become_vllms_own(recipe_config, method, drop, expected, m
 
 
 @pytest.mark.parametrize("set_keys,words", [
-    ([(f"{SPEC}.prefetch", True)], "prefetch"),  # an HF-engine setting under vLLM would do nothing
+    ([(f"{SPEC}.adaptive", True)], "adaptive"),  # an HF-engine setting under vLLM would do nothing
     ([(f"{SPEC}.method", "prompt_lookup")], "cache_max_tokens"),  # prompt lookup keeps no history
     ([("actor_rollout_ref.rollout.disable_log_stats", True)], "disable_log_stats"),
     ([("actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config", {"method": "ngram"})], "keep one"),

@@ -5,6 +5,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# ngram_rl drafting from the prompt's own history only (no fallback sources): for tests of the prompt index
+PROMPT_ONLY = dict(draft_from_siblings=False, draft_from_self=False, draft_from_global=False)
 
 
 def demo_data_dir() -> Path:

@@ -1,5 +1,7 @@
 """Real vLLM engines for tests/vllm_engine (on sys.path through pytest.ini's ``pythonpath``)."""
 
+from verl_ext_testing import PROMPT_ONLY
+
 from verl_ext.speculation import SpeculationConfig
 
 MAX_MODEL_LEN = 360  # prompts are 313-338 tokens: some greedy answers run into the limit
@@ -7,8 +9,9 @@ NUM_PROMPTS = 32
 # name -> (speculation, seed); distinct seeds: samples of two engines are independent
 SPECULATION = {
     "none": (SpeculationConfig(method="none"), 0),
-    "ngram_rl": (SpeculationConfig(method="ngram_rl", num_draft_tokens=8), 1),
-    "ngram_rl_prefetch": (SpeculationConfig(method="ngram_rl", num_draft_tokens=8, prefetch=True), 3),
+    "ngram_rl_prompt_only": (SpeculationConfig(method="ngram_rl", num_draft_tokens=8, **PROMPT_ONLY), 1),
+    "ngram_rl": (SpeculationConfig(method="ngram_rl", num_draft_tokens=8), 3),  # every source
+    "ngram_rl_prefetch": (SpeculationConfig(method="ngram_rl", num_draft_tokens=8, prefetch=True), 4),
     "prompt_lookup": (SpeculationConfig(method="prompt_lookup", num_draft_tokens=8), 2),
 }
 

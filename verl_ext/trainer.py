@@ -175,9 +175,7 @@ def _merge_speculation_metrics(per_server: list[dict]) -> dict:
     """Sum the replicas' counters, then recompute the ratios from the sums."""
     from verl_ext.speculation import SpecMetrics
 
-    prefix = "rollout/spec/"
     total = SpecMetrics()
     for counters in per_server:
-        fields = {name: int(counters[prefix + name]) for name in SpecMetrics.__dataclass_fields__}
-        total = total + SpecMetrics(**fields)
-    return total.as_dict(prefix)
+        total = total + SpecMetrics.from_dict(counters)
+    return total.as_dict()

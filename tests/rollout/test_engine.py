@@ -3,6 +3,7 @@
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
+from verl_ext_testing import PROMPT_ONLY
 
 from verl_ext.rollout.engine import HFGenerationEngine
 from verl_ext.rollout.requests import GenerationRequest, SamplingSettings
@@ -136,8 +137,9 @@ class _BusyDeviceEngine(HFGenerationEngine):
 
 @pytest.mark.parametrize("engine_class,overlaps", [(_BusyDeviceEngine, True), (HFGenerationEngine, False)])
 def test_prefetch_overlaps_a_busy_device_and_keeps_greedy_output(model, engine_class, overlaps):
+    # the prompt's own history only: its outcome tables cover every outcome (fallback drafts are ranked, fewer)
     config = SpeculationConfig(method="ngram_rl", num_draft_tokens=6, min_match=1, prefetch=True,
-                               prefetch_worker="overlap", adaptive=False)
+                               prefetch_worker="overlap", adaptive=False, **PROMPT_ONLY)
     metrics = greedy_epochs_metrics(engine_class(model, pad_token_id=0, speculator=Speculator(config)), model)
     # CPU: the forward is done when the host gets back, so nothing is prefetched (control)
     assert (metrics.prefetch_hits > 0) == overlaps

@@ -5,6 +5,7 @@ import pickle
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from verl_ext_testing import PROMPT_ONLY
 
 from verl_ext.speculation import DraftRequest, SpeculationConfig, build_drafter, prompt_key
 
@@ -32,7 +33,7 @@ def test_ngram_rl_drafts_response_start_from_prompt_tail():
 
 
 def test_ngram_rl_isolates_prompts():
-    drafter = make("ngram_rl")
+    drafter = make("ngram_rl", **PROMPT_ONLY)
     drafter.observe(prompt_key(PROMPT_A), PROMPT_A, [1, 2, 3, 4])
     drafter.observe(prompt_key(PROMPT_B), PROMPT_B, [1, 2, 9, 9])
     assert drafter.propose([request(PROMPT_A, [1, 2]), request(PROMPT_B, [1, 2])], [8, 8]) == [[3, 4], [9, 9]]

@@ -1,4 +1,5 @@
-"""Greedy decoding of 100 embedded-task prompts is token-for-token identical with and without each drafter."""
+"""Greedy decoding of 100 embedded-task prompts is token-for-token identical with and without each drafter
+(ngram_rl with every source on)."""
 
 import pytest
 import torch
@@ -42,10 +43,14 @@ def test_greedy_identity_on_the_embedded_task(demo_setup, plain_greedy, method):
     speculator = Speculator(config)
     speculator.prefetcher.interrupt_on_collect = False  # prefetch everything even though the CPU is never busy
     try:
-        # two passes: the second drafts from the first one's responses (ngram_rl, suffix)
+        # two passes: the second drafts from the first one's responses (ngram_rl, suffix); in the first, ngram_rl
+        # has only its fallback sources (every one on: siblings in flight, the request's own context, global)
+        passes = []
         for _epoch in range(2):
             assert _greedy(model, tokenizer, prompts, speculator) == expected
-        metrics = speculator.take_metrics()
-        assert metrics.drafted_tokens > 0 and metrics.prefetch_hits > 0
+            passes.append(speculator.take_metrics())
+        assert passes[1].drafted_tokens > 0 and passes[0].prefetch_hits + passes[1].prefetch_hits > 0
+        if method == "ngram_rl":
+            assert {"siblings", "self", "global"} <= set(passes[0].by_source), passes[0].by_source
     finally:
         speculator.close()

@@ -5,6 +5,7 @@ import threading
 import time
 
 import pytest
+from verl_ext_testing import PROMPT_ONLY
 
 from verl_ext.speculation import DraftRequest, SpeculationConfig, Speculator, build_drafter, prompt_key
 from verl_ext.speculation.drafters.base import OutcomeDrafts
@@ -12,7 +13,7 @@ from verl_ext.speculation.drafters.ngram_rl import NgramRLDrafter
 from verl_ext.speculation.prefetch import DraftPrefetcher
 
 PROMPTS = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
-CONFIG = dict(min_match=1, max_match=4)
+CONFIG = dict(min_match=1, max_match=4, **PROMPT_ONLY)  # the prompt index lays out every outcome
 
 
 WORKERS = ["overlap", "thread"]
@@ -48,6 +49,22 @@ def test_prefetch_outputs_identical_and_coverage_counted(worker, toy_table, toy_
     # ngram_rl lays out every outcome, and siblings finishing mid-step never make a prefetched draft stale
     assert all(m.prefetch_lookups > 0 and m.prefetch_coverage == 1.0 for m in pre_metrics)
     assert pre_metrics[-1].accepted_tokens_per_forward > 1.5
+
+
+@pytest.mark.parametrize("worker", WORKERS)
+def test_prefetch_with_fallback_sources_identical(worker, toy_table, toy_rollout):
+    # siblings, self and global draft where the prompt's history does not match; their outcomes are prefetched
+    # for the likeliest few (ranked), the rest drafted at collect: outputs the same either way
+    sources = {**CONFIG, **{flag: True for flag in PROMPT_ONLY}}
+    sync = Speculator(SpeculationConfig(prefetch=False, **sources))
+    pre = Speculator(SpeculationConfig(prefetch=True, prefetch_worker=worker, **sources))
+    pre.prefetcher.interrupt_on_collect = False
+    sync_out, sync_metrics = epochs(sync, toy_table, toy_rollout)
+    pre_out, pre_metrics = epochs(pre, toy_table, toy_rollout)
+    assert pre_out == sync_out
+    assert [m.by_source for m in pre_metrics] == [m.by_source for m in sync_metrics]
+    assert {"siblings", "self", "global", "prompt"} & set(sync_metrics[0].by_source) - {"prompt"}  # fallbacks drafted
+    assert all(m.prefetch_hits > 0 for m in pre_metrics)
 
 
 @pytest.mark.parametrize("worker", WORKERS)

@@ -4,6 +4,7 @@ holds, for every outcome it answers, the draft synchronous drafting would give."
 import random
 
 import pytest
+from verl_ext_testing import PROMPT_ONLY
 
 from verl_ext.speculation import DraftRequest, SpeculationConfig, build_drafter, prompt_key
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
@@ -46,7 +47,7 @@ def test_outcome_table_answers_every_outcome_like_synchronous_drafting(min_n, ma
     rng = random.Random(min_n)
     vocab = 6 if histories == "random6" else 30
     segments = _edited_copies(rng) if histories == "edited" else _random_segments(rng, vocab=vocab)
-    config = SpeculationConfig(min_match=min_n, max_match=max_n)
+    config = SpeculationConfig(min_match=min_n, max_match=max_n, **PROMPT_ONLY)
     drafter, reference = build_drafter(config), build_drafter(config)  # reference: nothing memoised by tables
     prompt = [0, 1, 2]
     key = prompt_key(prompt)
@@ -78,7 +79,7 @@ def test_tables_sharing_a_level_answer_the_token_the_other_drafted():
     # A level leaves out the token its table drafted there (never an outcome of that table); a sibling that
     # drafted something else reuses the level and needs that token's draft.
     rng = random.Random(5)
-    drafter, reference = (build_drafter(SpeculationConfig(min_match=1, max_match=4)) for _ in range(2))
+    drafter, reference = (build_drafter(SpeculationConfig(min_match=1, max_match=4, **PROMPT_ONLY)) for _ in range(2))
     prompt = [0, 1, 2]
     key = prompt_key(prompt)
     for segment in _random_segments(rng):
@@ -97,7 +98,7 @@ def test_tables_sharing_a_level_answer_the_token_the_other_drafted():
 
 def test_interrupted_table_answers_only_what_it_prepared_and_that_exactly():
     rng = random.Random(7)
-    drafter, reference = (build_drafter(SpeculationConfig(min_match=1, max_match=4)) for _ in range(2))
+    drafter, reference = (build_drafter(SpeculationConfig(min_match=1, max_match=4, **PROMPT_ONLY)) for _ in range(2))
     prompt = [0, 1, 2]
     key = prompt_key(prompt)
     vocab = 32  # sparse enough that most tokens never follow a given one
@@ -153,7 +154,7 @@ def test_token_never_followed_in_the_history_gets_a_known_empty_draft():
 def test_drafts_stay_exact_when_memos_carry_over_to_new_versions():
     # Responses come and go (FIFO of 4), and each new version keeps the previous one's still-valid drafts.
     rng = random.Random(3)
-    config = SpeculationConfig(min_match=1, max_match=4, max_responses_per_prompt=4)
+    config = SpeculationConfig(min_match=1, max_match=4, max_responses_per_prompt=4, **PROMPT_ONLY)
     drafter = build_drafter(config)
     prompt = [0, 1, 2]
     key = prompt_key(prompt)

@@ -7,6 +7,7 @@ one step, a preempted request): vLLM's InputBatch and model runner are plain sta
 """
 
 import pytest
+from verl_ext_testing import PROMPT_ONLY
 from vllm_standins import InputBatchStandIn, RunnerStandIn, vllm_config_standin
 
 from verl_ext.speculation import SpecMetrics, SpeculationConfig, prompt_key
@@ -22,10 +23,12 @@ MAX_MODEL_LEN = 64
 class Engine:
     """One proposer and the stand-ins it reads; ``step`` is one model-runner step."""
 
-    def __init__(self, num_draft_tokens=4, num_speculative_tokens=16, max_model_len=MAX_MODEL_LEN):
+    def __init__(self, num_draft_tokens=4, num_speculative_tokens=16, max_model_len=MAX_MODEL_LEN, **sources):
+        sources = sources or PROMPT_ONLY  # bookkeeping cases: drafts from the prompt's history only
         self.proposer = NgramRLProposer(vllm_config_standin(num_speculative_tokens, max_model_len))
         self.runner = RunnerStandIn(InputBatchStandIn(max_model_len))
-        settings = drafter_settings(SpeculationConfig(method="ngram_rl", num_draft_tokens=num_draft_tokens))
+        config = SpeculationConfig(method="ngram_rl", num_draft_tokens=num_draft_tokens, **sources)
+        settings = drafter_settings(config)
         self.proposer.attach(self.runner, settings)
 
     def step(self, rows, live=None, sampled=None, resubmitted=()):
@@ -229,3 +232,26 @@ def test_prefetch_changes_no_draft(interrupt_on_collect):
         assert stats.hits == stats.lookups and stats.stale == 0  # the history changed only between collect and submit
     assert prefetching.proposer.take_metrics().prefetch_lookups == stats.lookups
 
+
+
+def test_siblings_draft_from_each_others_outputs_so_far():
+    # a fresh prompt (no history), two samples of it in flight: b drafts what a had written by the last step
+    engine = Engine(draft_from_siblings=True)
+    engine.step([("x", Q, [9])])
+    engine.step([("a", P, [10, 11, 12, 13]), ("b", P, [10]), ("x", Q, [9, 9])])
+    assert engine.step([("a", P, [10, 11, 12, 13, 14]), ("b", P, [10, 11])]) == [[], [12, 13]]
+    assert engine.proposer.take_metrics().by_source == {"none": [3, 0, 0]}  # x, then a and b: no drafts
+    engine.step([("a", P, [10, 11, 12, 13, 14, 15]), ("b", P, [10, 11, 12, 13, 14])])  # b kept both, then 14
+    assert engine.proposer.take_metrics().by_source == {"none": [1, 0, 0], "siblings": [1, 2, 2]}
+
+
+def test_accepted_tokens_are_counted_by_draft_source():
+    # b's prompt-history draft [11, 12, 13, 14] keeps 2 tokens (+1 emitted); c's sibling draft keeps none (+1)
+    engine = Engine(draft_from_siblings=True)
+    engine.step([("x", P, R)])
+    engine.step([("b", P, [10]), ("c", Q, [9, 8, 7]), ("d", Q, [9])])
+    assert engine.step([("b", P, [10, 11])]) == [[12, 13, 14, 15]]
+    engine.step([("b", P, [10, 11, 12, 13, 99]), ("c", Q, [9, 8, 7, 6]), ("d", Q, [9, 5])])
+    sources = engine.proposer.take_metrics().by_source
+    assert sources["prompt"][1:] == [4 + 4, 0 + 2]  # two drafts of 4: the first kept 0 (+1), the second 2
+    assert engine.proposer.take_metrics().by_source == {}  # counted once

@@ -3,14 +3,17 @@
 - greedy identity against no speculation, 32 prompts, two rounds, for ngram_rl and prompt_lookup (vLLM's
   ngram); an output may differ only where the reference's top two tokens tie to within TIE (fp32: a forward
   over 1 + K tokens rounds differently from one over 1 token), and only from that token on;
-- ngram_rl drafts from the per-prompt history: nothing in round 1 for fresh prompts, accepted drafts in round 2;
-- sampling at temperature 1 with top-k and top-p: per prompt and position, the token distribution of ngram_rl
-  samples matches non-speculative samples (chi-square, Bonferroni over all positions); the negative control,
-  samples at temperature 0.9, must be caught by the same test;
-- the history crosses collective_rpc intact (a checkpoint round trip), and holds responses whole even when
-  they end where vLLM 0.24.0 stops calling the proposer (near max_model_len).
-- with prefetch on (a thread drafting ahead during the forward), outputs and counters equal ngram_rl's exactly.
-Tests run in file order, one engine at a time (conftest: none, ngram_rl, ngram_rl with prefetch, prompt_lookup).
+- ngram_rl from the prompt's own history only: nothing drafted in round 1 for fresh prompts, accepted drafts
+  in round 2; the history crosses collective_rpc intact (a checkpoint round trip), and holds responses whole
+  even when they end where vLLM 0.24.0 stops calling the proposer (near max_model_len);
+- ngram_rl with every source: the fallbacks (siblings in flight, the request's own context, all prompts'
+  responses) draft accepted tokens for fresh prompts in round 1, greedy identity holds;
+- sampling at temperature 1 with top-k and top-p, every source on: per prompt and position, the token
+  distribution of ngram_rl samples matches non-speculative samples (chi-square, Bonferroni over all
+  positions); the negative control, samples at temperature 0.9, must be caught by the same test;
+- with prefetch on (a thread drafting ahead during the forward), outputs and counters (by draft source too)
+  equal those without, exactly.
+Tests run in file order, one engine at a time (vllm_engine_testing.SPECULATION, in its order).
 """
 
 import collections
@@ -111,7 +114,7 @@ def test_negative_control_a_different_temperature_is_caught(plain):
     assert same_distribution_pvalue(plain["samples"], plain["samples_at_0.9"]) < 1e-6
 
 
-# ---- ngram_rl ----------------------------------------------------------------------------------------------
+# ---- ngram_rl, drafting from the prompt's own history only -------------------------------------------------------
 
 
 def two_greedy_rounds(llm, prompts) -> list[tuple[list[list[int]], object]]:
@@ -125,30 +128,18 @@ def two_greedy_rounds(llm, prompts) -> list[tuple[list[list[int]], object]]:
 
 
 @pytest.fixture(scope="module")
-def ngram_rl_rounds(engines, demo_prompts):
-    return two_greedy_rounds(engines["ngram_rl"], demo_prompts)
+def prompt_only_rounds(engines, demo_prompts):
+    return two_greedy_rounds(engines["ngram_rl_prompt_only"], demo_prompts)
 
 
-def test_ngram_rl_is_greedy_identical_and_drafts_from_the_history(ngram_rl_rounds, plain):
-    (outputs_1, round_1), (outputs_2, round_2) = ngram_rl_rounds
+def test_ngram_rl_is_greedy_identical_and_drafts_from_the_history(prompt_only_rounds, plain):
+    (outputs_1, round_1), (outputs_2, round_2) = prompt_only_rounds
     assert_same_as_reference(outputs_1, plain["greedy"])
     assert round_1.drafted_tokens == 0, "fresh prompts have no history to draft from"
     assert_same_as_reference(outputs_2, plain["greedy"])
     assert round_2.accepted_tokens > 0.5 * round_2.emitted_tokens, (
         f"round 2 accepted {round_2.accepted_tokens} drafted tokens of {round_2.emitted_tokens} emitted: "
         "greedy answers to the same prompts should come mostly from round 1's history")
-
-
-def test_ngram_rl_sampling_matches_sampling_without_speculation(engines, demo_prompts, plain):
-    llm = engines["ngram_rl"]
-    sample(llm, demo_prompts[:SAMPLED_PROMPTS])  # a history for these prompts to draft from
-    before = spec_totals(llm)
-    samples = sample(llm, demo_prompts[:SAMPLED_PROMPTS])
-    counters = spec_totals(llm).since(before)
-    assert 0 < counters.accepted_tokens < counters.drafted_tokens, (
-        f"accepted {counters.accepted_tokens} of {counters.drafted_tokens} drafted: the test needs drafts both "
-        "accepted and rejected (rejections resample from the residual distribution)")
-    assert same_distribution_pvalue(plain["samples"], samples) > 1e-3
 
 
 def history_state(llm) -> dict:
@@ -168,7 +159,7 @@ def responses_in(state: dict, prompt: list[int]) -> list[list[int]]:
 
 
 def test_history_survives_a_checkpoint_round_trip(engines, demo_prompts):
-    llm = engines["ngram_rl"]
+    llm = engines["ngram_rl_prompt_only"]
     outputs = greedy_tokens(llm, demo_prompts[:4])
     state = history_state(llm)
     for prompt, output in zip(demo_prompts[:4], outputs):
@@ -191,7 +182,7 @@ def test_history_survives_a_checkpoint_round_trip(engines, demo_prompts):
 def test_responses_ending_near_max_model_len_reach_the_history_whole(engines, demo_prompts):
     # vLLM 0.24.0 skips the proposer in every step where the longest row plus the draft budget passes
     # max_model_len; responses finishing in those steps must still reach the history with all their tokens
-    llm = engines["ngram_rl"]
+    llm = engines["ngram_rl_prompt_only"]
     outputs = greedy_tokens(llm, demo_prompts)
     state = history_state(llm)
     near_the_end = 0
@@ -202,16 +193,54 @@ def test_responses_ending_near_max_model_len_reach_the_history_whole(engines, de
             f"history holds {len(latest)} tokens of a {len(output)}-token response (prompt of {len(prompt)})")
     assert near_the_end >= 3, "no response ended near max_model_len: the test would not cover the skipped steps"
 
+# ---- ngram_rl with every source (siblings in flight, the request's own context, all prompts' responses) ----------
+
+
+def proposer_metrics(llm) -> dict:
+    return next(m for m in llm.collective_rpc("verl_ext_ngram_rl_metrics") if m is not None)
+
+
+@pytest.fixture(scope="module")
+def all_sources_rounds(engines, demo_prompts):
+    """Two greedy rounds on a fresh engine with every source, and the proposer's counters by draft source."""
+    llm = engines["ngram_rl"]
+    proposer_metrics(llm)  # counters from here on
+    return two_greedy_rounds(llm, demo_prompts), proposer_metrics(llm)["by_source"]
+
+
+def test_fallback_sources_draft_for_fresh_prompts_and_keep_greedy_identity(all_sources_rounds, plain):
+    ((outputs_1, round_1), (outputs_2, round_2)), by_source = all_sources_rounds
+    assert_same_as_reference(outputs_1, plain["greedy"])
+    assert_same_as_reference(outputs_2, plain["greedy"])
+    assert round_1.accepted_tokens > 0, "fresh prompts: the fallback sources should have drafted something right"
+    fallbacks = {"siblings", "self", "global"} & set(by_source)
+    assert fallbacks and all(by_source[s][2] > 0 for s in fallbacks), f"accepted by source: {by_source}"
+    assert round_2.accepted_tokens > 0.5 * round_2.emitted_tokens
+
+
+def test_ngram_rl_sampling_matches_sampling_without_speculation(engines, demo_prompts, plain):
+    llm = engines["ngram_rl"]
+    sample(llm, demo_prompts[:SAMPLED_PROMPTS])  # a history for these prompts to draft from
+    before = spec_totals(llm)
+    samples = sample(llm, demo_prompts[:SAMPLED_PROMPTS])
+    counters = spec_totals(llm).since(before)
+    assert 0 < counters.accepted_tokens < counters.drafted_tokens, (
+        f"accepted {counters.accepted_tokens} of {counters.drafted_tokens} drafted: the test needs drafts both "
+        "accepted and rejected (rejections resample from the residual distribution)")
+    assert same_distribution_pvalue(plain["samples"], samples) > 1e-3
+
 
 # ---- ngram_rl with prefetch (a background thread drafts every outcome of the step being verified) --------------
 
 
-def test_prefetch_changes_no_output_and_reports_its_coverage(engines, demo_prompts, ngram_rl_rounds):
+def test_prefetch_changes_no_output_and_reports_its_coverage(engines, demo_prompts, all_sources_rounds):
     # on CPU prefetch is off unless asked for (nothing idle to run it on); here it is on, in its thread. Drafts
     # must not depend on it, so outputs and counters equal the ngram_rl engine's exactly, round for round.
     llm = engines["ngram_rl_prefetch"]
-    assert two_greedy_rounds(llm, demo_prompts) == ngram_rl_rounds
-    metrics = next(m for m in llm.collective_rpc("verl_ext_ngram_rl_metrics") if m is not None)
+    rounds, by_source = all_sources_rounds
+    assert two_greedy_rounds(llm, demo_prompts) == rounds
+    metrics = proposer_metrics(llm)
+    assert metrics["by_source"] == by_source
     assert metrics["prefetch_lookups"] > 0, "round 2 drafted: each draft's outcome should have been looked up"
     assert metrics["prefetch_hits"] > 0, (
         f"no prefetched draft was used in {metrics['prefetch_lookups']} lookups: the worker never ran between "

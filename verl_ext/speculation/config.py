@@ -30,6 +30,13 @@ class SpeculationConfig:
     max_match: int = 8  # longest context suffix compared against the history
     cache_max_tokens: int = 4_000_000  # bound on tokens held by the history cache, all prompts together
     max_responses_per_prompt: int = 32  # ngram_rl: per-prompt FIFO of recent responses (4 epochs at n=8)
+    # ngram_rl's fallback sources, for contexts the prompt's own history does not match (its first visit above
+    # all): the outputs of its samples still generating, the request's own prompt and output, and all prompts'
+    # recent responses (at most global_max_tokens tokens, oldest dropped first). drafters/ngram_rl.py.
+    draft_from_siblings: bool = True
+    draft_from_self: bool = True
+    draft_from_global: bool = True
+    global_max_tokens: int = 1_000_000
     # Prepare the next drafts while the device runs verification (prefetch.py). "auto": on when the engine runs
     # on an accelerator; off on CPU, where the forward runs on the same cores and nothing can overlap it
     # (benchmarks/ngram_rollout.py measures prefetch against synchronous drafting).
@@ -67,8 +74,11 @@ class SpeculationConfig:
         if self.min_match > self.max_match:
             _fail("min_match", self.min_match, f"min_match must be <= max_match={self.max_match}; "
                   "lower min_match or raise max_match.")
+        for flag in ("draft_from_siblings", "draft_from_self", "draft_from_global", "adaptive"):
+            if not isinstance(getattr(self, flag), bool):
+                _fail(flag, getattr(self, flag), "use true or false.")
         self._check_positive("cache_max_tokens", "max_responses_per_prompt", "prefetch_candidates",
-                             "adaptive_probe_interval", "suffix_max_requests")
+                             "adaptive_probe_interval", "suffix_max_requests", "global_max_tokens")
         if not 0.0 <= self.adaptive_ema_decay < 1.0:
             _fail("adaptive_ema_decay", self.adaptive_ema_decay, "set it in [0, 1).")
         if not 0.0 < self.adaptive_prior_acceptance < 1.0:

@@ -3,12 +3,17 @@
 Definition used throughout: accepted tokens per target forward = mean tokens EMITTED per sequence per
 target forward = (accepted drafts + 1) averaged over (sequence, forward) pairs. It is 1.0 without
 speculation; the gain over plain decoding is at most this number divided by the verification cost ratio.
+The same counters are kept per source of the draft (``by_source``: which history a drafter took each row's
+draft from, e.g. ngram_rl's prompt / siblings / self / global; "none" for rows that got no draft).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Sequence
+
+_SOURCE_COUNTERS = ("sequence_forwards", "drafted_tokens", "accepted_tokens")
 
 
 @dataclass
@@ -21,14 +26,26 @@ class SpecMetrics:
     prefetch_lookups: int = 0  # sequence verifications whose next draft was looked up in the prefetcher
     prefetch_hits: int = 0
     cache_tokens: int = 0  # gauge: tokens held by the drafter's history at the last step
+    # source -> [sequence_forwards, drafted_tokens, accepted_tokens] of the rows whose draft came from it
+    by_source: dict[str, list[int]] = field(default_factory=dict)
 
-    def record_step(self, num_drafted: Sequence[int], num_accepted: Sequence[int]) -> None:
-        """One batched forward; per-row draft lengths and accepted counts."""
+    def record_step(self, num_drafted: Sequence[int], num_accepted: Sequence[int],
+                    sources: Sequence[str] | None = None) -> None:
+        """One batched forward; per-row draft lengths, accepted counts and (optionally) draft sources."""
         self.target_forwards += 1
         self.sequence_forwards += len(num_drafted)
         self.drafted_tokens += int(sum(num_drafted))
         self.accepted_tokens += int(sum(num_accepted))
         self.emitted_tokens += int(sum(num_accepted)) + len(num_accepted)
+        if sources is not None:
+            self.record_sources(sources, num_drafted, num_accepted)
+
+    def record_sources(self, sources: Sequence[str], num_drafted: Sequence[int], num_accepted: Sequence[int]) -> None:
+        for source, drafted, accepted in zip(sources, num_drafted, num_accepted):
+            counts = self.by_source.setdefault(source, [0, 0, 0])
+            counts[0] += 1
+            counts[1] += int(drafted)
+            counts[2] += int(accepted)
 
     @property
     def accepted_tokens_per_forward(self) -> float:
@@ -46,11 +63,31 @@ class SpecMetrics:
 
     def __add__(self, other: "SpecMetrics") -> "SpecMetrics":
         """Sum of counters (cache_tokens too: the caches of different workers are distinct)."""
-        return SpecMetrics(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+        total = SpecMetrics(**{f.name: getattr(self, f.name) + getattr(other, f.name)
+                               for f in fields(self) if f.name != "by_source"})
+        for part in (self, other):
+            for source, counts in part.by_source.items():
+                total.by_source[source] = [a + b for a, b in zip(total.by_source.get(source, [0, 0, 0]), counts)]
+        return total
 
     def as_dict(self, prefix: str = "rollout/spec/") -> dict[str, float]:
-        out = {prefix + k: float(v) for k, v in asdict(self).items()}
+        out = {prefix + f.name: float(getattr(self, f.name)) for f in fields(self) if f.name != "by_source"}
         out[prefix + "accepted_tokens_per_forward"] = self.accepted_tokens_per_forward
         out[prefix + "acceptance_rate"] = self.acceptance_rate
         out[prefix + "prefetch_coverage"] = self.prefetch_coverage
+        for source, (forwards, drafted, accepted) in sorted(self.by_source.items()):
+            at = f"{prefix}source/{source}/"
+            out.update({at + name: float(value) for name, value in zip(_SOURCE_COUNTERS, (forwards, drafted, accepted))})
+            out[at + "accepted_tokens_per_forward"] = (accepted + forwards) / forwards if forwards else 0.0
         return out
+
+    @classmethod
+    def from_dict(cls, metrics: Mapping[str, float], prefix: str = "rollout/spec/") -> "SpecMetrics":
+        """The counters of an ``as_dict`` (ratios are recomputed from them, not read)."""
+        counters = cls(**{f.name: int(metrics.get(prefix + f.name, 0)) for f in fields(cls) if f.name != "by_source"})
+        at = prefix + "source/"
+        for key in metrics:
+            if key.startswith(at) and key.endswith("/sequence_forwards"):
+                source = key[len(at):-len("/sequence_forwards")]
+                counters.by_source[source] = [int(metrics[f"{at}{source}/{name}"]) for name in _SOURCE_COUNTERS]
+        return counters

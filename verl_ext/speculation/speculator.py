@@ -13,7 +13,8 @@
     metrics = spec.take_metrics()
 
 A response passed to `observe` feeds drafts from the round after next: `propose` fixes this round's drafts,
-then applies the responses observed since, then starts prefetching the next round. So the prefetcher always
+then applies the responses observed since and the in-flight outputs (`Drafter.observe_live`), then starts
+prefetching the next round. So the prefetcher always
 drafts from the history the next `propose` will see (no stale prefetch when siblings finish), and outputs
 do not depend on whether prefetch is on. A `propose` that continues none of the previous call's sequences
 (a new batch) sees everything observed before it.
@@ -25,7 +26,7 @@ from typing import Sequence
 
 from verl_ext.speculation.adaptive import AdaptiveDraftLength
 from verl_ext.speculation.config import SpeculationConfig
-from verl_ext.speculation.drafters.base import DraftRequest, Drafter
+from verl_ext.speculation.drafters.base import DraftRequest, Drafter, source_of
 from verl_ext.speculation.factory import build_drafter
 from verl_ext.speculation.metrics import SpecMetrics
 from verl_ext.speculation.prefetch import DraftPrefetcher
@@ -53,17 +54,17 @@ class Speculator:
             return [[] for _ in requests]
         seq_ids = [r.seq_id for r in requests]
         if self._last_ids.isdisjoint(seq_ids):
-            self._apply_observed()
+            self._apply_observed(requests)
         self._last_ids = set(seq_ids)
         budgets = self.lengths.budgets(seq_ids)
         if limits is not None:
             budgets = [max(0, min(b, lim)) for b, lim in zip(budgets, limits)]
         if self.prefetcher is None:
             drafts = self.drafter.propose(requests, budgets)
-            self._apply_observed()
+            self._apply_observed(requests)
             return drafts
         drafts = self.prefetcher.collect(requests, budgets)
-        self._apply_observed()
+        self._apply_observed(requests)
         self.prefetcher.submit(requests, drafts)
         return drafts
 
@@ -77,17 +78,20 @@ class Speculator:
         """After verify: feed the acceptance EMA and the counters."""
         num_drafted = [len(d) for d in drafts]
         self.lengths.update([r.seq_id for r in requests], num_drafted, num_accepted)
-        self._metrics.record_step(num_drafted, num_accepted)
+        self._metrics.record_step(num_drafted, num_accepted, [source_of(d, self.config.method) for d in drafts])
 
     def observe(self, prompt_key: int, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> None:
         """A response finished (here or on another worker); drafts from the round after next may copy from it."""
         if self.config.method != "none":  # nothing would ever apply them
             self._observed.append((prompt_key, prompt_tokens, response_tokens))
 
-    def _apply_observed(self) -> None:
+    def _apply_observed(self, live: Sequence[DraftRequest] | None = None) -> None:
+        """Hand the drafter the responses finished since the last call and (``live``) the sequences in flight."""
         for prompt_key, prompt_tokens, response_tokens in self._observed:
             self.drafter.observe(prompt_key, prompt_tokens, response_tokens)
         self._observed = []
+        if live is not None:
+            self.drafter.observe_live(live)
 
     def release(self, seq_ids: Sequence[int]) -> None:
         """Forget per-sequence state of finished sequences (their seq_ids may be reused)."""

@@ -25,7 +25,8 @@ VLLM_SETTINGS: dict[str, frozenset[str]] = {
     "suffix": frozenset({"method", "num_draft_tokens", "max_match", "suffix_max_requests", "suffix_min_token_prob",
                          "suffix_max_spec_factor"}),
     "ngram_rl": frozenset({"method", "num_draft_tokens", "min_match", "max_match", "cache_max_tokens",
-                           "max_responses_per_prompt", "prefetch"}),
+                           "max_responses_per_prompt", "prefetch", "draft_from_siblings", "draft_from_self",
+                           "draft_from_global", "global_max_tokens"}),
 }
 
 

@@ -74,11 +74,11 @@ class NgramRLProposer:
         self.book.drafter.load_state_dict(state)
 
     def take_metrics(self) -> SpecMetrics:
-        """The drafter's side of ``rollout/spec/*`` (history size, prefetch lookups and hits since the last call);
-        the token counters come from vLLM's own stat loggers (spec_metrics.py)."""
-        metrics = SpecMetrics()
+        """The drafter's side of ``rollout/spec/*``: history size; prefetch lookups and hits and tokens by draft
+        source since the last call. The overall token counters come from vLLM's stat loggers (spec_metrics.py)."""
         if self.book is None:
-            return metrics
+            return SpecMetrics()
+        metrics, self.book.sources = self.book.sources, SpecMetrics()
         metrics.cache_tokens = self.book.drafter.stats.cache_tokens
         if self.book.prefetcher is not None:
             stats = self.book.prefetcher.stats

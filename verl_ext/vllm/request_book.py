@@ -12,8 +12,12 @@ with plain arrays. Per step (one ``propose`` call of vLLM's model runner):
     3. requests that left the batch and are no longer live (vLLM popped them from ``runner.requests``:
        finished or aborted) feed their response to the drafter; a request that left but is live (preempted,
        or not scheduled this step) keeps its tokens and picks up where it was when it returns;
-    4. the prefetcher (when on) starts drafting, in a background thread, the next step's drafts for every
+    4. the drafter takes in the rows' outputs so far (``observe_live``: ngram_rl's sibling source);
+    5. the prefetcher (when on) starts drafting, in a background thread, the next step's drafts for every
        outcome of verifying this step's.
+
+Each row's draft names its source (ngram_rl's prompt / siblings / self / global); the next step's new tokens
+of the row say how many of it vLLM accepted (all of them but the last), counted by source.
 
 So a response feeds drafts from the step after the one that sees it leave (as in verl_ext's HF engine,
 ``speculation/speculator.py``): the prefetcher drafts from the history the next step will see, and drafts do
@@ -34,7 +38,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from verl_ext.speculation import DraftRequest, Drafter, prompt_key
+from verl_ext.speculation import DraftRequest, Drafter, SpecMetrics, prompt_key
+from verl_ext.speculation.drafters.base import Draft, source_of
 from verl_ext.speculation.prefetch import DraftPrefetcher
 
 
@@ -58,6 +63,7 @@ class _Request:
     key: int  # prompt_key(prompt)
     prompt: list[int]  # [prompt_len]
     output: list[int] = field(default_factory=list)  # [num_generated]
+    verifying: tuple[str, int] | None = None  # (source, length) of the draft handed to vLLM, until it is verified
 
     def as_draft_request(self) -> DraftRequest:
         return DraftRequest(self.seq_id, self.key, self.prompt, self.output)
@@ -73,6 +79,7 @@ class RequestBook:
         self._requests: dict[str, _Request] = {}  # in the batch, or out of it but live
         self._seq_ids = itertools.count()
         self._last_rows: set[str] = set()  # request ids of the previous step's rows
+        self.sources = SpecMetrics()  # by_source only: drafted and accepted tokens by the drafts' sources
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -85,27 +92,34 @@ class RequestBook:
         """
         num_rows = len(sampled_token_ids)
         in_batch = set(rows.req_ids[:num_rows])
-        if self._last_rows.isdisjoint(in_batch):
-            self.retire(in_batch, live)
+        synced = [self._sync_row(rows, i, live) for i in range(num_rows)]
+        in_flight = [request.as_draft_request() for request in synced]
+        if self._last_rows.isdisjoint(in_batch):  # a new batch
+            self._take_in(in_batch, live, in_flight)
         self._last_rows = in_batch
-        to_draft: list[tuple[int, DraftRequest, int]] = []  # (row, request, budget)
-        for i in range(num_rows):
-            request, budget = self._sync_row(rows, i, live), self._budget(rows, i)
+        to_draft: list[tuple[_Request, DraftRequest, int]] = []  # (request, as the drafter sees it, budget)
+        for i, (request, draft_request) in enumerate(zip(synced, in_flight)):
+            budget = self._budget(rows, i)
             if sampled_token_ids[i] and budget > 0:  # an empty entry is a prompt still prefilling
-                to_draft.append((i, request.as_draft_request(), budget))
+                to_draft.append((request, draft_request, budget))
         requests, budgets = [r for _, r, _ in to_draft], [b for _, _, b in to_draft]
         if self.prefetcher is None:
             proposed = self.drafter.propose(requests, budgets)
         else:
-            proposed = self.prefetcher.collect(requests, budgets)  # also stops the worker before retire() writes
-        proposed = [[int(t) for t in draft[:budget]] for draft, budget in zip(proposed, budgets)]
-        self.retire(in_batch, live)
+            proposed = self.prefetcher.collect(requests, budgets)  # also stops the worker before _take_in writes
+        proposed = [Draft([int(t) for t in d[:b]], source_of(d, "ngram_rl")) for d, b in zip(proposed, budgets)]
+        self._take_in(in_batch, live, in_flight)
         if self.prefetcher is not None:
             self.prefetcher.submit(requests, proposed)
-        drafts: list[list[int]] = [[] for _ in range(num_rows)]
-        for (i, _, _), draft in zip(to_draft, proposed):
-            drafts[i] = draft
-        return drafts
+        for (request, _, _), draft in zip(to_draft, proposed):
+            request.verifying = (draft.source, len(draft))
+        drafts = {id(request): list(draft) for (request, _, _), draft in zip(to_draft, proposed)}
+        return [drafts.get(id(request), []) for request in synced]
+
+    def _take_in(self, in_batch: Container[str], live: Container[str], in_flight: Sequence[DraftRequest]) -> None:
+        """Hand the drafter the responses that finished and the outputs still growing."""
+        self.retire(in_batch, live)
+        self.drafter.observe_live(in_flight)
 
     def retire(self, in_batch: Container[str], live: Container[str]) -> None:
         """Feed the history with every tracked request that is neither in the batch nor live."""
@@ -128,7 +142,12 @@ class RequestBook:
                 self._finish(request)
             prompt = rows.token_ids[i, :num_prompt].tolist()
             request = self._requests[req_id] = _Request(handle, next(self._seq_ids), prompt_key(prompt), prompt)
-        request.output.extend(rows.token_ids[i, num_prompt + len(request.output):num_tokens].tolist())
+        new = rows.token_ids[i, num_prompt + len(request.output):num_tokens].tolist()
+        if new and request.verifying is not None:  # the previous step verified this request's draft
+            source, drafted = request.verifying
+            self.sources.record_sources([source], [drafted], [min(drafted, len(new) - 1)])
+            request.verifying = None
+        request.output.extend(new)
         return request
 
     def _budget(self, rows: BatchRows, i: int) -> int:

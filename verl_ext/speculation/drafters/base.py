@@ -62,6 +62,25 @@ class _Appended(Sequence[int]):
         return self.base[index] if index < n else self.extra[index - n]
 
 
+class Draft(list):
+    """Draft tokens, and the source the drafter took them from (``SpecMetrics.by_source``); slices keep it."""
+
+    def __init__(self, tokens=(), source: str = "none"):
+        super().__init__(tokens)
+        self.source = source
+
+    def __getitem__(self, index):
+        item = super().__getitem__(index)
+        return Draft(item, self.source) if isinstance(index, slice) else item
+
+
+def source_of(draft: Sequence[int], default: str) -> str:
+    """The source a Draft names, ``default`` for a plain list (a drafter with one source), "none" when empty."""
+    if not len(draft):
+        return "none"
+    return draft.source if isinstance(draft, Draft) else default
+
+
 @dataclass(frozen=True)
 class DrafterStats:
     cache_tokens: int = 0  # tokens held by the drafter's history
@@ -118,6 +137,10 @@ class Drafter(ABC):
 
     def observe(self, prompt_key: int, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> None:
         """A response finished; drafts proposed after this call may use it. Stateless drafters ignore it."""
+
+    def observe_live(self, requests: Sequence[DraftRequest]) -> None:
+        """Every sequence still generating, once a round (after its drafts are fixed); drafts proposed after this
+        call may use their outputs so far. Drafters that draft only from finished responses ignore it."""
 
     def next_token_counts(self, request: DraftRequest) -> list[tuple[int, int]]:
         """(token, count) continuations the drafter's state knows after this context, most frequent first.

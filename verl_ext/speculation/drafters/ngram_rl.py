@@ -1,4 +1,11 @@
-"""NgramRL: draft from this prompt's own recent responses (RL revisits prompts every epoch)."""
+"""NgramRL: draft from this prompt's own recent responses (RL revisits prompts every epoch), and where the prompt's
+history has no match (its first visit, or a context it never produced), from the fallback sources.
+
+Sources, in order: the prompt's history (``prompt``) whenever it matches the context; otherwise the longest
+match among the outputs its in-flight siblings have written so far (``siblings``: a GRPO group generates
+together), the request's own prompt and output (``self``), and all prompts' recent responses (``global``);
+equal lengths go to the earlier source. Each draft names its source (``Draft.source``) for per-source metrics.
+"""
 
 from __future__ import annotations
 
@@ -6,25 +13,50 @@ import threading
 from collections import OrderedDict
 from typing import Sequence
 
-from verl_ext.speculation.config import SpeculationConfig
-from verl_ext.speculation.drafters.base import DraftRequest, Drafter, DrafterStats, OutcomeDrafts
+import numpy as np
+
+from verl_ext.speculation.config import MAX_DRAFT_TOKENS, SpeculationConfig
+from verl_ext.speculation.drafters.base import Draft, DraftRequest, Drafter, DrafterStats, OutcomeDrafts
+from verl_ext.speculation.global_history import GlobalHistory
 from verl_ext.speculation.history_cache import HistoryCache
+from verl_ext.speculation.live_outputs import LiveOutputs
+from verl_ext.speculation.ngram_match import (PAD, SEP, continuation_counts, continuation_windows, extend_match,
+                                              vote_continuation)
 from verl_ext.speculation.prompt_index import OutcomeTable, PromptIndex
 
 # Indexes kept, least recently used dropped first: a step drafts for its own prompts (an index is rebuilt whenever
 # its prompt's history changes), at ~20 bytes per indexed history token.
 _MAX_INDEXES = 1024
 _MAX_VOTES = 65_536  # drafts kept for reuse by their voting windows, all prompts together (~40 MB at most)
+# Outside the prompt's own history a one-token match says little (the global history holds every token many
+# times over): the request's own context and the global history need two.
+_FALLBACK_MIN_MATCH = 2
+_GLOBAL_CANDIDATES = 256  # most recent occurrences of the last two context tokens a global match starts from
+_PADDING = [SEP] * PAD
 
 
 class _NoHistory(OutcomeDrafts):
-    """Nothing cached for the prompt: every outcome's draft is empty."""
+    """Nothing cached for the prompt and no fallback: every outcome's draft is empty."""
 
     def fill_steps(self):
         yield from ()
 
     def get(self, accepted: int, token: int) -> list[int]:
         return []
+
+
+class _PromptFirst(OutcomeDrafts):
+    """The prompt index's outcome table; an outcome it has no draft for is the fallback's, drafted at lookup."""
+
+    def __init__(self, table: OutcomeTable):
+        self.table, self.shared = table, table.shared
+
+    def fill_steps(self):
+        return self.table.fill_steps()
+
+    def get(self, accepted: int, token: int) -> list[int] | None:
+        draft = self.table.get(accepted, token)
+        return None if draft is None or not draft else Draft(draft, "prompt")
 
 
 class NgramRLDrafter(Drafter):
@@ -39,17 +71,69 @@ class NgramRLDrafter(Drafter):
         self._indexes: OrderedDict[int, PromptIndex] = OrderedDict()  # prompt key -> index, least recently used first
         self._indexes_lock = threading.Lock()  # the prefetch thread builds and reads indexes too
         self._votes: dict[tuple[int, int], list[int]] = {}  # shared by all indexes: the key is the windows' content
+        self.live = LiveOutputs() if config.draft_from_siblings else None
+        self.draft_from_self = config.draft_from_self
+        self.global_history = GlobalHistory(_FALLBACK_MIN_MATCH) if config.draft_from_global else None
+        self.global_max_tokens = config.global_max_tokens
+        self._global_version = 0
+
+    @property
+    def has_fallback(self) -> bool:
+        return self.live is not None or self.draft_from_self or self.global_history is not None
 
     def propose(self, requests: Sequence[DraftRequest], budgets: Sequence[int]) -> list[list[int]]:
         return [self._draft(request, budget) for request, budget in zip(requests, budgets)]
 
-    def _draft(self, request: DraftRequest, budget: int) -> list[int]:
-        index = self._index(request.prompt_key) if budget > 0 else None
-        return [] if index is None else index.draft(request.context_tail(self.max_n))[:budget]
-
-    def outcome_drafts(self, request: DraftRequest, draft: Sequence[int]) -> OutcomeDrafts:
+    def _draft(self, request: DraftRequest, budget: int) -> Draft:
+        if budget <= 0:
+            return Draft()
+        context = request.context_tail(self.max_n)
         index = self._index(request.prompt_key)
-        return _NoHistory() if index is None else OutcomeTable(index, request.context_tail(self.max_n), draft)
+        draft = [] if index is None else index.draft(context)
+        if draft:
+            return Draft(draft[:budget], "prompt")
+        return self._fallback(request, context)[:budget]
+
+    def _fallback(self, request: DraftRequest, context: list[int]) -> Draft:
+        source, history, ends = self._fallback_match(request, context)
+        if source is None:
+            return Draft()
+        return Draft(vote_continuation(continuation_windows(history, ends, MAX_DRAFT_TOKENS)), source)
+
+    def _fallback_match(self, request: DraftRequest, context: list[int]) -> tuple[str | None, np.ndarray, np.ndarray]:
+        """(source, history, ends of the longest match) over the fallback sources; (None, ...) when none matches."""
+        best: tuple[int, str | None, np.ndarray, np.ndarray] = (0, None, np.zeros(0, np.int32), np.zeros(0, np.int64))
+        for source, history, candidates, min_n in self._fallback_sources(request, context):
+            n, ends = extend_match(history, candidates, context, min_n, self.max_n)
+            if n > best[0]:
+                best = (n, source, history, ends)
+        return best[1:]
+
+    def _fallback_sources(self, request: DraftRequest, context: list[int]):
+        """(source, history, candidate ends, shortest match), in the order that wins ties."""
+        if self.live is not None:
+            history = self.live.history(request.prompt_key)
+            if history is not None:
+                yield "siblings", history, np.flatnonzero(history[:-1] == context[-1]), self.min_n
+        if self.draft_from_self:
+            own = np.asarray([SEP, *request.context_tail(len(request.prompt_tokens) + len(request.output_tokens)),
+                              *_PADDING], dtype=np.int32)
+            yield "self", own, np.flatnonzero(own[:-1] == context[-1]), max(self.min_n, _FALLBACK_MIN_MATCH)
+        if self.global_history is not None:
+            candidates = self.global_history.candidates(context, _GLOBAL_CANDIDATES)
+            yield "global", self.global_history.buf, candidates, max(self.min_n, _FALLBACK_MIN_MATCH)
+
+    def next_token_counts(self, request: DraftRequest) -> list[tuple[int, int]]:
+        """Ranks prefetch outcomes where the fallback drafts (the prompt index prefetches all of its own)."""
+        _, history, ends = self._fallback_match(request, request.context_tail(self.max_n))
+        return continuation_counts(history, ends) if ends.size else []
+
+    def outcome_drafts(self, request: DraftRequest, draft: Sequence[int]) -> OutcomeDrafts | None:
+        index = self._index(request.prompt_key)
+        if index is None:  # a fresh prompt: the fallback drafts every outcome (ranked by the prefetcher), or none
+            return None if self.has_fallback else _NoHistory()
+        table = OutcomeTable(index, request.context_tail(self.max_n), draft)
+        return _PromptFirst(table) if self.has_fallback else table
 
     def _index(self, prompt_key: int) -> PromptIndex | None:
         """The prompt's history indexed at its current version (built once per version, shared by siblings)."""
@@ -76,18 +160,38 @@ class NgramRLDrafter(Drafter):
 
     def observe(self, prompt_key: int, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> None:
         self.cache.add(prompt_key, prompt_tokens, response_tokens)
+        if self.global_history is not None:
+            self.global_history.append_bounded(response_tokens, self.global_max_tokens)
+            self._global_version += 1
         self._observed += 1
 
-    def version(self, prompt_key: int) -> int:
-        return self.cache.version(prompt_key)
+    def observe_live(self, requests: Sequence[DraftRequest]) -> None:
+        if self.live is not None:
+            self.live.update(requests)
+
+    def version(self, prompt_key: int) -> tuple[int, int, int]:
+        live = 0 if self.live is None else self.live.version(prompt_key)
+        return self.cache.version(prompt_key), live, self._global_version
 
     def state_dict(self) -> dict:
-        return {"cache": self.cache.state_dict(), "observed": self._observed}
+        state = {"cache": self.cache.state_dict(), "observed": self._observed}
+        if self.global_history is not None:
+            state["global"] = self.global_history.responses()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.cache.load_state_dict(state["cache"])
         self._observed = int(state["observed"])
+        if self.global_history is not None:
+            self.global_history = GlobalHistory(_FALLBACK_MIN_MATCH)
+            for response in state.get("global", ()):
+                self.global_history.append_bounded(np.asarray(response).tolist(), self.global_max_tokens)
+            self._global_version += 1
+        if self.live is not None:
+            self.live.clear()
 
     @property
     def stats(self) -> DrafterStats:
-        return DrafterStats(self.cache.num_tokens, len(self.cache), self.cache.num_responses, self._observed)
+        global_tokens = 0 if self.global_history is None else self.global_history.num_tokens
+        return DrafterStats(self.cache.num_tokens + global_tokens, len(self.cache), self.cache.num_responses,
+                            self._observed)

@@ -1,0 +1,94 @@
+"""The outputs of each prompt's sequences still generating, as of the last verification round.
+
+ngram_rl's sibling source: a GRPO group's n samples of one prompt generate together, and by round t each has
+written what its siblings will often write next. Each round the drafting loop hands over every in-flight
+sequence (``update``); a sequence buffer takes only the round's new tokens (O(new tokens) a round), and each
+prompt whose sequences changed gets one flat history of them (ngram_match's layout: [SEP, output, SEP, ...,
+SEP * PAD]), concatenated once and shared by all its rows' drafts. A sequence left out of an update has
+finished or left the batch: it is dropped (its whole response reaches the prompt's history through observe).
+Memory: the in-flight outputs, twice at most. Not thread-safe: updated between collect and submit, while no
+prefetch runs (speculator.py), as the history is.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from verl_ext.speculation.drafters.base import DraftRequest
+from verl_ext.speculation.ngram_match import PAD, SEP
+
+_PADDING = np.full(PAD, SEP, dtype=np.int32)
+_SEP = np.full(1, SEP, dtype=np.int32)
+
+
+class _Sequence:
+    def __init__(self, prompt_key: int):
+        self.prompt_key = prompt_key
+        self.tokens = np.zeros(64, dtype=np.int32)
+        self.length = 0
+
+    def extend(self, output: Sequence[int]) -> bool:
+        """Bring the buffer up to ``output`` (which only grows); True if it changed."""
+        new = output[self.length:]
+        if not len(new):
+            return False
+        if self.length + len(new) > len(self.tokens):
+            grown = np.zeros(2 * (self.length + len(new)), dtype=np.int32)
+            grown[: self.length] = self.tokens[: self.length]
+            self.tokens = grown
+        self.tokens[self.length: self.length + len(new)] = new
+        self.length += len(new)
+        return True
+
+
+class LiveOutputs:
+    def __init__(self):
+        self._sequences: dict[int, _Sequence] = {}  # seq_id -> its output so far
+        self._flat: dict[int, np.ndarray] = {}  # prompt key -> flat history of its in-flight outputs
+        self._versions: dict[int, int] = {}  # prompt key -> clock value of its last change
+        self._clock = 0
+
+    def __len__(self) -> int:
+        return len(self._sequences)
+
+    def update(self, requests: Sequence[DraftRequest]) -> None:
+        """The round's in-flight sequences, all of them."""
+        changed: set[int] = set()
+        current = set()
+        for request in requests:
+            sequence = self._sequences.get(request.seq_id)
+            if sequence is None or sequence.prompt_key != request.prompt_key:
+                sequence = self._sequences[request.seq_id] = _Sequence(request.prompt_key)
+            if sequence.extend(request.output_tokens):
+                changed.add(request.prompt_key)
+            current.add(request.seq_id)
+        for seq_id in [s for s in self._sequences if s not in current]:
+            changed.add(self._sequences.pop(seq_id).prompt_key)
+        if not changed:
+            return
+        parts: dict[int, list[np.ndarray]] = {key: [] for key in changed}
+        for sequence in self._sequences.values():
+            if sequence.prompt_key in parts and sequence.length:
+                parts[sequence.prompt_key] += [_SEP, sequence.tokens[: sequence.length]]
+        self._clock += 1
+        for key, segments in parts.items():
+            self._versions[key] = self._clock
+            if segments:
+                self._flat[key] = np.concatenate([*segments, _PADDING])
+            else:
+                self._flat.pop(key, None)
+                self._versions.pop(key, None)
+
+    def history(self, prompt_key: int) -> np.ndarray | None:
+        """[L] the prompt's in-flight outputs in ngram_match's layout; None when it has none."""
+        return self._flat.get(prompt_key)
+
+    def version(self, prompt_key: int) -> int:
+        return self._versions.get(prompt_key, 0)
+
+    def clear(self) -> None:
+        self._sequences.clear()
+        self._flat.clear()
+        self._versions.clear()
