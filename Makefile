@@ -15,7 +15,7 @@ RECIPE ?= demo_cpu
 ARGS ?=
 VLLM_ARGS ?=
 
-.PHONY: install install-vllm demo demo-vllm test test-vllm bench clean
+.PHONY: install install-vllm demo demo-vllm test test-vllm bench bench-e2e clean
 
 install: $(INSTALLED)
 
@@ -55,6 +55,10 @@ endif
 bench: install
 	$(BIN)/python benchmarks/prefix_grouper.py
 	$(BIN)/python benchmarks/ngram_rollout.py
+
+# grpo_baseline vs demo_cpu, the same steps each: step, rollout phase by where its time goes, actor passes
+bench-e2e: install
+	$(BIN)/python benchmarks/e2e.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) outputs *.egg-info

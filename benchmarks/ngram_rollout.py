@@ -338,8 +338,8 @@ def main() -> None:
     print_sources("ngram_rl offline, all steps", sources["ngram_rl"])
     if online_counters:
         print_sources("ngram_rl online, first epoch", sum(online_counters[:epoch], SpecMetrics()).by_source)
-        print_sources("ngram_rl online, final 30%",
-                      sum(online_counters[-max(1, round(len(online_counters) * FINAL_SHARE)):], SpecMetrics()).by_source)
+        final = online_counters[-max(1, round(len(online_counters) * FINAL_SHARE)):]
+        print_sources("ngram_rl online, final 30%", sum(final, SpecMetrics()).by_source)
 
     cut = len(steps) - max(1, round(len(steps) * FINAL_SHARE))
     replayed = prefetch_replay(steps, cut)

@@ -11,8 +11,9 @@ a share of the step's wall clock: vLLM calls a custom proposer between forwards,
 critical path. The drafter is timed by wrapping its ``propose`` inside the engine's worker (a pickled function
 sent by collective_rpc: VLLM_ALLOW_INSECURE_SERIALIZATION is set for this benchmark's engines only).
 ``ngram_rl+prefetch`` drafts every outcome of the step being verified in a background thread (the default on
-an accelerator), so ``propose`` only looks its draft up; its row adds the share of lookups that hit, and the
-run checks that its sampled tokens equal ``ngram_rl``'s (same seed, same drafts).
+an accelerator), so ``propose`` only looks its draft up; its row adds the share of lookups that hit. (Its samples
+are not compared with ``ngram_rl``'s: vLLM's CPU sampling differs between two engines of the same seed even
+without speculation; tests/vllm_engine checks identical greedy outputs and counters instead.)
 
 ``suffix`` (vLLM's own SuffixDecoding backend) needs arctic-inference, which PyPI has only as a source
 distribution (0.3.0) that compiles C++/CUDA ops against torch and vLLM 0.26 and installs a vLLM plug-in that
@@ -70,7 +71,7 @@ def prompts_of(data_dir: Path, count: int) -> tuple[list[list[int]], Path]:
 
 
 def run_method(settings: dict, model_path, steps: list[list[list[int]]], n: int, response_length: int) -> list[dict]:
-    """Per step: tokens, wall seconds, spec counters, drafter seconds, prefetch lookups and hits, the outputs."""
+    """Per step: tokens, wall seconds, spec counters, drafter seconds, prefetch lookups and hits."""
     from vllm import SamplingParams
 
     from verl_ext.speculation import SpeculationConfig
@@ -99,8 +100,7 @@ def run_method(settings: dict, model_path, steps: list[list[list[int]]], n: int,
             proposer = _proposer_metrics(llm) if ngram_rl else {}
             records.append({"tokens": tokens, "wall": wall, "counters": counters,
                             "draft_s": after[0] - clock[0], "draft_calls": after[1] - clock[1],
-                            "prefetch": (proposer.get("prefetch_lookups", 0), proposer.get("prefetch_hits", 0)),
-                            "outputs": [tuple(c.token_ids) for o in outputs for c in o.outputs]})
+                            "prefetch": (proposer.get("prefetch_lookups", 0), proposer.get("prefetch_hits", 0))})
     finally:
         shutdown(llm)
     return records
@@ -139,13 +139,12 @@ def main() -> None:
     prompts, model_path = prompts_of(args.data_dir.resolve(), args.prompts)
     epoch = [prompts[i:i + PROMPTS_PER_STEP] for i in range(0, len(prompts), PROMPTS_PER_STEP)]
     steps = epoch * args.epochs
-    results, outputs = {}, {}
+    results = {}
     for name, settings in METHODS.items():
         if settings is None:
             continue
         records = run_method(settings, model_path, steps, args.n, args.response_length)
         results[name] = [summarize(records[e * len(epoch):(e + 1) * len(epoch)]) for e in range(args.epochs)]
-        outputs[name] = [r["outputs"] for r in records]
 
     base = results["none"]
     print(f"\nvLLM 0.24.0 on CPU, {len(epoch)} steps an epoch of {PROMPTS_PER_STEP} prompts x n={args.n}, "
@@ -161,10 +160,6 @@ def main() -> None:
             print(f"{name:<18}{e + 1:>6}{row['accepted_per_forward']:>9.2f}{row['tokens_per_s']:>10.0f}"
                   f"{row['tokens_per_s'] / base[e]['tokens_per_s']:>8.2f}x{row['draft_ms_per_engine_step']:>15.2f}"
                   f"{row['draft_share']:>12.1%}{coverage:>14}")
-    # Same seed, same drafts: prefetch must leave every sampled token as it was (T=1.0, exact rejection sampling).
-    same = outputs["ngram_rl+prefetch"] == outputs["ngram_rl"]
-    print(f"ngram_rl outputs with prefetch on and off: {'identical' if same else 'DIFFERENT'} "
-          f"({sum(len(step) for step in outputs['ngram_rl'])} sampled responses)")
 
 
 if __name__ == "__main__":

@@ -92,8 +92,9 @@ def test_cluster_knobs_override():
     assert config.actor_rollout_ref.model.path == "/shared/models/qwen"
 
 
-HISTORY_KEYS = [f"{SPEC}.{key}" for key in ("cache_max_tokens", "max_responses_per_prompt", "draft_from_siblings",
-                                            "draft_from_self", "draft_from_global", "global_max_tokens")]  # ngram_rl's own
+HISTORY_KEYS = [f"{SPEC}.{key}" for key in (  # ngram_rl's own
+    "cache_max_tokens", "max_responses_per_prompt", "draft_from_siblings", "draft_from_self", "draft_from_global",
+    "global_max_tokens")]
 
 
 @pytest.mark.parametrize("method,drop,expected", [

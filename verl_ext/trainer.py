@@ -119,6 +119,7 @@ class VerlExtTrainer(PPOTrainerSync):
             tokens = sum(m["rollout/engine_tokens"] for m in timed)
             out["rollout/engine_s"] = engine_s
             out["rollout/engine_tokens_per_s"] = tokens / engine_s if engine_s > 0 else 0.0
+            out.update(_rollout_phases(timed, metrics.get("timing_s/gen")))
         with_speculation = [m for m in per_server if any(k.startswith("rollout/spec/") for k in m)]
         if with_speculation:
             out.update(_merge_speculation_metrics(with_speculation))
@@ -169,6 +170,20 @@ class VerlExtTrainer(PPOTrainerSync):
         if trainer.resume_mode == "resume_path":
             return os.path.abspath(trainer.resume_from_path)
         return os.path.join(os.path.abspath(trainer.default_local_dir), f"global_step_{self.global_steps}")
+
+
+def _rollout_phases(per_server: list[dict], gen_s: float | None) -> dict:
+    """The rollout phase split where its time goes, from the replica the step waited for (the longest span):
+    engine prefill, decode and drafting, the engine idle inside the server's span (waiting for requests), and
+    ``outside_server_s``, verl's rollout phase (timing_s/gen) outside that span: the agent loop before the
+    first request and after the last result, and the data's way back to the trainer. ``outside_engine_s``:
+    all of the rollout phase the engine was not busy (the last two together)."""
+    slowest = max(per_server, key=lambda m: m.get("rollout/phase/server_span_s", 0.0))
+    phases = {key: value for key, value in slowest.items() if key.startswith("rollout/phase/")}
+    if gen_s and "rollout/phase/server_span_s" in phases:
+        phases["rollout/phase/outside_server_s"] = max(0.0, gen_s - phases["rollout/phase/server_span_s"])
+        phases["rollout/phase/outside_engine_s"] = max(0.0, gen_s - slowest["rollout/engine_s"])
+    return phases
 
 
 def _merge_speculation_metrics(per_server: list[dict]) -> dict:

@@ -3,6 +3,7 @@
 import json
 import subprocess
 
+import pytest
 from verl_ext_testing import REPO, main_command
 
 
@@ -26,3 +27,13 @@ def test_two_grpo_steps(demo_data_dir, tmp_path):
         engine_tokens = metrics["rollout/engine_tokens_per_s"] * metrics["rollout/engine_s"]
         assert abs(engine_tokens - metrics["response_length/mean"] * samples) <= 0.02 * engine_tokens
         assert metrics["rollout/spec/accepted_tokens_per_forward"] >= 1.0
+        # the rollout phase by where its time goes: the engine's phases add up to its busy time, and with the
+        # server's idle time and what lies outside its span, to verl's timing_s/gen (within 5%)
+        phase = {key.removeprefix("rollout/phase/"): value for key, value in metrics.items()
+                 if key.startswith("rollout/phase/")}
+        engine = phase["prefill_s"] + phase["decode_s"] + phase["draft_s"]
+        assert abs(engine - metrics["rollout/engine_s"]) <= 0.05 * metrics["rollout/engine_s"], phase
+        assert phase["server_span_s"] <= metrics["timing_s/gen"] and phase["server_idle_s"] >= 0, phase
+        total = engine + phase["server_idle_s"] + phase["outside_server_s"]
+        assert abs(total - metrics["timing_s/gen"]) <= 0.05 * metrics["timing_s/gen"], (phase, metrics["timing_s/gen"])
+        assert phase["outside_engine_s"] == pytest.approx(metrics["timing_s/gen"] - metrics["rollout/engine_s"])

@@ -8,6 +8,8 @@ sampling step through the same code.
 """
 
 import itertools
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -76,6 +78,15 @@ class HFGenerationEngine:
         self.batch: Optional[DecodeBatch] = None
         self._ids = itertools.count()
         self.forward_calls = 0
+        # seconds by phase (prefill, draft: drafting on the critical path, decode: forward, verification and
+        # bookkeeping) since the last take_phase_seconds()
+        self._phase_s: Counter[str] = Counter()
+
+    def take_phase_seconds(self) -> dict[str, float]:
+        """Host seconds the engine spent in each phase since the last call (a forward's device time included:
+        verification reads its logits)."""
+        phases, self._phase_s = self._phase_s, Counter()
+        return {phase: float(phases[phase]) for phase in ("prefill", "draft", "decode")}
 
     # ---- public API -------------------------------------------------------------------------------------
 
@@ -86,19 +97,31 @@ class HFGenerationEngine:
     @torch.no_grad()
     def add(self, requests: list[GenerationRequest]) -> list[int]:
         """Prefill ``requests`` and join them to the running batch; returns their handles."""
+        start = time.perf_counter()
         handles = [next(self._ids) for _ in requests]
         for handle, request in zip(handles, requests, strict=True):
             self.rows[handle] = RowState(request, prompt_key(request.prompt_ids), self._generator_for(request))
         new_batch = self._prefill(handles)
         self.batch = new_batch if self.batch is None else concat_batches(self.batch, new_batch)
+        self._phase_s["prefill"] += time.perf_counter() - start
         return handles
 
     @torch.no_grad()
     def step(self) -> dict[int, GenerationResult]:
         """One forward for the whole batch; returns the requests that finished in it."""
+        start = time.perf_counter()
         batch = self.batch
         rows = [self.rows[h] for h in batch.request_ids]
         drafts, requests = self._propose(batch.request_ids, rows)
+        drafted = time.perf_counter()
+        self._phase_s["draft"] += drafted - start
+        try:
+            return self._decode(batch, rows, drafts, requests)
+        finally:
+            self._phase_s["decode"] += time.perf_counter() - drafted
+
+    def _decode(self, batch: DecodeBatch, rows: list[RowState], drafts: list[list[int]],
+                requests: list[DraftRequest]) -> dict[int, GenerationResult]:
         logits = self._forward_step(batch, drafts)  # [B, K+1, V]
         if self.speculator:
             self.speculator.overlap(self._launched_work_done())  # next drafts while the device verifies

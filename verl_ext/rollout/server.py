@@ -62,6 +62,8 @@ class HFRolloutServer:
         self._accepting = True
         self._busy_s = 0.0  # engine time (admission, prefill, decode) since the last rollout_metrics(); under _lock
         self._tokens = 0  # tokens of the requests finished since then; under _lock
+        # The server's part of the rollout phase since then: first request in to last result out (perf_counter)
+        self._span: list[Optional[float]] = [None, None]
         threading.Thread(target=self._decode_loop, name="hf-rollout-decode", daemon=True).start()
 
     # ---- verl's server API --------------------------------------------------------------------------------
@@ -84,6 +86,8 @@ class HFRolloutServer:
         request = GenerationRequest(list(prompt_ids), max_new, settings, self.stop_ids, seed)
         loop = asyncio.get_running_loop()
         pending = _Pending(request, want_log_probs, loop.create_future(), loop)
+        if self._span[0] is None:
+            self._span[0] = time.perf_counter()
         self._inbox.put(pending)
         result: GenerationResult = await pending.future
         return TokenOutput(
@@ -198,6 +202,8 @@ class HFRolloutServer:
             if self.trace is not None:
                 self.trace.write(self.global_steps, pending.request.prompt_ids, result.token_ids)
             pending.loop.call_soon_threadsafe(_resolve, pending.future, result)
+        if finished:
+            self._span[1] = time.perf_counter()
 
     def _abort_locked(self) -> dict[int, GenerationResult]:
         with self._lock:
@@ -215,8 +221,16 @@ class HFRolloutServer:
                 state[name].data.copy_(tensor)
 
     def _take_metrics(self) -> dict[str, float]:
-        metrics = {"rollout/engine_s": self._busy_s, "rollout/engine_tokens": float(self._tokens)}
-        self._busy_s, self._tokens = 0.0, 0
+        """Engine time and tokens, the rollout phase's part in this server by phase (``rollout/phase/*``: engine
+        prefill, decode and drafting; ``server_span_s``, first request in to last result out, of which the
+        engine was idle ``server_idle_s``: waiting for requests), speculation counters."""
+        first_in, last_out = self._span
+        span = last_out - first_in if first_in is not None and last_out is not None and last_out > first_in else 0.0
+        metrics = {"rollout/engine_s": self._busy_s, "rollout/engine_tokens": float(self._tokens),
+                   "rollout/phase/server_span_s": span, "rollout/phase/server_idle_s": max(0.0, span - self._busy_s)}
+        phases = self.engine.take_phase_seconds()
+        metrics.update({f"rollout/phase/{phase}_s": seconds for phase, seconds in phases.items()})
+        self._busy_s, self._tokens, self._span = 0.0, 0, [None, None]
         if self.engine.speculator is not None:
             metrics.update(self.engine.speculator.take_metrics().as_dict())
         return metrics

@@ -8,6 +8,7 @@ ngram_rl's global fallback. Not thread-safe: the drafters that hold one lock aro
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from typing import Sequence
 
@@ -73,8 +74,8 @@ class GlobalHistory:
             return np.zeros(0, dtype=np.int64)  # -> [C]
         key = int(ngram_keys(np.asarray(context[-self.n:], dtype=np.int32), self.n)[0])
         positions = self.index.get(key, ())
-        if limit is not None and len(positions) > limit:
-            positions = list(positions)[-limit:]
+        if limit is not None and len(positions) > limit:  # O(limit): a frequent n-gram has many occurrences
+            positions = list(itertools.islice(reversed(positions), limit))[::-1]
         return np.fromiter(positions, dtype=np.int64, count=len(positions)) - self.base
 
     def responses(self) -> list[np.ndarray]:

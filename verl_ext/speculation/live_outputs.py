@@ -59,7 +59,8 @@ class LiveOutputs:
         current = set()
         for request in requests:
             sequence = self._sequences.get(request.seq_id)
-            if sequence is None or sequence.prompt_key != request.prompt_key:
+            if (sequence is None or sequence.prompt_key != request.prompt_key
+                    or len(request.output_tokens) < sequence.length):  # the seq_id names another sequence now
                 sequence = self._sequences[request.seq_id] = _Sequence(request.prompt_key)
             if sequence.extend(request.output_tokens):
                 changed.add(request.prompt_key)

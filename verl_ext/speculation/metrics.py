@@ -77,7 +77,8 @@ class SpecMetrics:
         out[prefix + "prefetch_coverage"] = self.prefetch_coverage
         for source, (forwards, drafted, accepted) in sorted(self.by_source.items()):
             at = f"{prefix}source/{source}/"
-            out.update({at + name: float(value) for name, value in zip(_SOURCE_COUNTERS, (forwards, drafted, accepted))})
+            counts = (forwards, drafted, accepted)
+            out.update({at + name: float(value) for name, value in zip(_SOURCE_COUNTERS, counts)})
             out[at + "accepted_tokens_per_forward"] = (accepted + forwards) / forwards if forwards else 0.0
         return out
 

@@ -77,7 +77,8 @@ def check_settings(settings: dict) -> None:
     if unread:
         raise ValueError(
             f"{unread} would do nothing with rollout.name=vllm, where method={method} reads "
-            f"{sorted(VLLM_SETTINGS[method])} (adaptive, prefetch_worker and the like drive the rollout.name=hf engine); "
+            f"{sorted(VLLM_SETTINGS[method])} (adaptive, prefetch_worker and the like drive the rollout.name=hf "
+            "engine); "
             "remove them."
         )
 

@@ -103,6 +103,8 @@ class NgramRLDrafter(Drafter):
     def _fallback_match(self, request: DraftRequest, context: list[int]) -> tuple[str | None, np.ndarray, np.ndarray]:
         """(source, history, ends of the longest match) over the fallback sources; (None, ...) when none matches."""
         best: tuple[int, str | None, np.ndarray, np.ndarray] = (0, None, np.zeros(0, np.int32), np.zeros(0, np.int64))
+        if not context:
+            return best[1:]
         for source, history, candidates, min_n in self._fallback_sources(request, context):
             n, ends = extend_match(history, candidates, context, min_n, self.max_n)
             if n > best[0]:

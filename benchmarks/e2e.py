@@ -1,0 +1,80 @@
+"""The whole GRPO step as the trainer sees it: verl's own GRPO (`grpo_baseline`) against verl_ext (`demo_cpu`).
+
+    python benchmarks/e2e.py [--steps 40] [--out outputs/bench_e2e] [--reuse]    (make bench-e2e)
+
+Runs both recipes on the embedded default for the same steps, one after the other on this machine, and prints
+the means over the final 30% of steps from verl's metrics JSONL: step, rollout phase (timing_s/gen), the
+engine's busy time and tokens/s, the actor passes, and the rollout phase by where its time goes (engine
+prefill, decode and verification, drafting on the critical path, outside the engine: the server waiting for
+requests, verl's agent loop and the data's way back), with the ratio of the two runs.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+FINAL_SHARE = 0.3
+RECIPES = ("grpo_baseline", "demo_cpu")
+ROWS = [  # (title, metric key)
+    ("step", "timing_s/step"),
+    ("gen (verl's rollout phase)", "timing_s/gen"),
+    ("  engine prefill", "rollout/phase/prefill_s"),
+    ("  engine decode/verify", "rollout/phase/decode_s"),
+    ("  drafting (critical path)", "rollout/phase/draft_s"),
+    ("  outside the engine", "rollout/phase/outside_engine_s"),
+    ("    server waiting for requests", "rollout/phase/server_idle_s"),
+    ("    agent loop, data transfer", "rollout/phase/outside_server_s"),
+    ("rollout/engine_s", "rollout/engine_s"),
+    ("engine tokens/s", "rollout/engine_tokens_per_s"),
+    ("weight sync (update_weights)", "timing_s/update_weights"),
+    ("old_log_prob", "timing_s/old_log_prob"),
+    ("ref", "timing_s/ref"),
+    ("update_actor", "timing_s/update_actor"),
+]
+SPEEDS = {"rollout/engine_tokens_per_s"}  # higher is better: the ratio is demo_cpu / baseline
+
+
+def run(recipe: str, steps: int, out: Path) -> None:
+    command = [sys.executable, "-m", "verl_ext.main", "--config-name", recipe, f"trainer.total_training_steps={steps}",
+               "trainer.save_freq=-1", "trainer.resume_mode=disable", f"verl_ext.report_dir={out / recipe}"]
+    subprocess.run(command, check=True)
+
+
+def final_means(path: Path) -> dict[str, float]:
+    rows = [json.loads(line)["data"] for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "timing_s/step" in r]
+    tail = rows[-max(1, round(len(rows) * FINAL_SHARE)):]
+    keys = {key for row in tail for key in row}
+    return {key: sum(r.get(key, 0.0) for r in tail) / len(tail) for key in keys}
+
+
+def table(base: dict, ours: dict, steps: int) -> str:
+    lines = [f"final {FINAL_SHARE:.0%} of {steps} steps (means)",
+             f"{'':<34}{'grpo_baseline':>14}{'demo_cpu':>10}{'ratio':>8}"]
+    for title, key in ROWS:
+        b, o = base.get(key), ours.get(key)
+        cells = [f"{v:>14.3f}" if i == 0 else f"{v:>10.3f}" if v is not None else f"{'-':>{14 if i == 0 else 10}}"
+                 for i, v in enumerate((b, o))]
+        ratio = "" if not b or not o else f"{(o / b if key in SPEEDS else b / o):>7.2f}x"
+        lines.append(f"{title:<34}{cells[0]}{cells[1]}{ratio:>8}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--out", type=Path, default=Path("outputs/bench_e2e"))
+    parser.add_argument("--reuse", action="store_true", help="reuse the runs already in --out")
+    args = parser.parse_args()
+    out = args.out.resolve()
+    if not args.reuse:
+        for recipe in RECIPES:
+            run(recipe, args.steps, out)
+    base, ours = (final_means(out / recipe / "metrics.jsonl") for recipe in RECIPES)
+    print("\n" + table(base, ours, args.steps))
+
+
+if __name__ == "__main__":
+    main()
