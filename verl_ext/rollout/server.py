@@ -62,7 +62,10 @@ class HFRolloutServer:
         self._accepting = True
         self._busy_s = 0.0  # engine time (admission, prefill, decode) since the last rollout_metrics(); under _lock
         self._tokens = 0  # tokens of the requests finished since then; under _lock
-        # The server's part of the rollout phase since then: first request in to last result out (perf_counter)
+        # The server's part of the rollout phase since then: first request in to last result out (perf_counter).
+        # No lock: [0] is written by generate() on the event loop, [1] by the decode thread, each a single
+        # assignment; _take_metrics reads and resets both under _lock (a request racing the reset only moves
+        # where one step's span ends and the next begins).
         self._span: list[Optional[float]] = [None, None]
         threading.Thread(target=self._decode_loop, name="hf-rollout-decode", daemon=True).start()
 

@@ -68,6 +68,7 @@ class DraftPrefetcher:
         self.interrupt_on_collect = interrupt_on_collect
         self.threaded = threaded
         self.stats = PrefetchStats()
+        self._reported = (0, 0)  # (lookups, hits) at the last take_lookups_and_hits()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draft-prefetch") if threaded else None
         self._pending: dict[int, _Pending] = {}
         self._future: Future | None = None
@@ -125,6 +126,13 @@ class DraftPrefetcher:
             self._pending.pop(seq_id, None)
         if not self._pending:
             self._stop.set()  # all finished: a background worker stops instead of drafting for nobody
+
+    def take_lookups_and_hits(self) -> tuple[int, int]:
+        """Lookups and hits since the last call (the per-step prefetch metrics)."""
+        lookups, hits = self.stats.lookups, self.stats.hits
+        since = (lookups - self._reported[0], hits - self._reported[1])
+        self._reported = (lookups, hits)
+        return since
 
     def cancel(self) -> None:
         """Stop the worker and forget every prefetched draft (the drafter's state is about to be replaced)."""

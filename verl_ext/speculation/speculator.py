@@ -43,7 +43,6 @@ class Speculator:
         self.prefetcher = prefetcher
         self.lengths = AdaptiveDraftLength.from_config(config)
         self._metrics = SpecMetrics()
-        self._prefetch_seen = (0, 0)  # prefetcher (lookups, hits) already reported
         self._observed: list[tuple[int, Sequence[int], Sequence[int]]] = []  # not yet given to the drafter
         self._last_ids: set[int] = set()  # seq_ids of the previous propose call
 
@@ -103,10 +102,7 @@ class Speculator:
         """Counters since the last call, with the drafter's current cache size."""
         metrics, self._metrics = self._metrics, SpecMetrics()
         if self.prefetcher is not None:
-            lookups, hits = self.prefetcher.stats.lookups, self.prefetcher.stats.hits
-            metrics.prefetch_lookups = lookups - self._prefetch_seen[0]
-            metrics.prefetch_hits = hits - self._prefetch_seen[1]
-            self._prefetch_seen = (lookups, hits)
+            metrics.prefetch_lookups, metrics.prefetch_hits = self.prefetcher.take_lookups_and_hits()
         metrics.cache_tokens = self.drafter.stats.cache_tokens
         return metrics
 

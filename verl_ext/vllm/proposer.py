@@ -21,7 +21,6 @@ class NgramRLProposer:
         self.device_type = vllm_config.device_config.device_type  # "cuda", "cpu", ...
         self.book: RequestBook | None = None
         self._runner = None
-        self._prefetch_seen = (0, 0)  # prefetcher (lookups, hits) at the last take_metrics()
 
     def attach(self, runner, settings: dict) -> None:
         """Start drafting: ``runner`` is vLLM's GPUModelRunner, ``settings`` verl_ext's SpeculationConfig fields."""
@@ -81,10 +80,7 @@ class NgramRLProposer:
         metrics, self.book.sources = self.book.sources, SpecMetrics()
         metrics.cache_tokens = self.book.drafter.stats.cache_tokens
         if self.book.prefetcher is not None:
-            stats = self.book.prefetcher.stats
-            metrics.prefetch_lookups = stats.lookups - self._prefetch_seen[0]
-            metrics.prefetch_hits = stats.hits - self._prefetch_seen[1]
-            self._prefetch_seen = (stats.lookups, stats.hits)
+            metrics.prefetch_lookups, metrics.prefetch_hits = self.book.prefetcher.take_lookups_and_hits()
         return metrics
 
 

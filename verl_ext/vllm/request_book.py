@@ -97,11 +97,11 @@ class RequestBook:
         if self._last_rows.isdisjoint(in_batch):  # a new batch
             self._take_in(in_batch, live, in_flight)
         self._last_rows = in_batch
-        to_draft: list[tuple[_Request, DraftRequest, int]] = []  # (request, as the drafter sees it, budget)
-        for i, (request, draft_request) in enumerate(zip(synced, in_flight)):
+        to_draft: list[tuple[int, DraftRequest, int]] = []  # (row, request as the drafter sees it, budget)
+        for i, draft_request in enumerate(in_flight):
             budget = self._budget(rows, i)
             if sampled_token_ids[i] and budget > 0:  # an empty entry is a prompt still prefilling
-                to_draft.append((request, draft_request, budget))
+                to_draft.append((i, draft_request, budget))
         requests, budgets = [r for _, r, _ in to_draft], [b for _, _, b in to_draft]
         if self.prefetcher is None:
             proposed = self.drafter.propose(requests, budgets)
@@ -111,10 +111,11 @@ class RequestBook:
         self._take_in(in_batch, live, in_flight)
         if self.prefetcher is not None:
             self.prefetcher.submit(requests, proposed)
-        for (request, _, _), draft in zip(to_draft, proposed):
-            request.verifying = (draft.source, len(draft))
-        drafts = {id(request): list(draft) for (request, _, _), draft in zip(to_draft, proposed)}
-        return [drafts.get(id(request), []) for request in synced]
+        drafts: list[list[int]] = [[] for _ in range(num_rows)]
+        for (i, _, _), draft in zip(to_draft, proposed):
+            synced[i].verifying = (draft.source, len(draft))
+            drafts[i] = list(draft)
+        return drafts
 
     def _take_in(self, in_batch: Container[str], live: Container[str], in_flight: Sequence[DraftRequest]) -> None:
         """Hand the drafter the responses that finished and the outputs still growing."""
