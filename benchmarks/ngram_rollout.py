@@ -4,7 +4,8 @@ without speculation, asynchronous vs synchronous prefetch.
     python benchmarks/ngram_rollout.py [--steps 30] [--out outputs/bench_ngram] [--reuse]
 
 1. Trains the embedded default for --steps GRPO steps (ngram_rl on, every source), recording every rollout
-   and saving the final policy as a Hugging Face model.
+   and saving the final policy as a Hugging Face model; then the same run (same seed) with ngram_rl drafting
+   from each prompt's history only, for the online side of old vs new.
 2. Replays each step's rollouts through every drafter (verl_ext.speculation.offline: exact in distribution),
    ngram_rl with and without its fallback sources, and reports accepted tokens per target forward per step
    (PNG), over the first epoch (the steps before a prompt comes back) and over the final 30% of steps, beside
@@ -59,6 +60,21 @@ def train(out: Path, steps: int) -> None:
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]",
         f"+actor_rollout_ref.rollout.custom.trace_dir={out / 'trace'}",
         f"verl_ext.report_dir={out / 'run'}",
+    ]
+    subprocess.run(command, check=True)
+
+
+def train_prompt_only(out: Path, steps: int) -> None:
+    """The same run (same seed and data order) with ngram_rl drafting from each prompt's history only: the
+    online side of the old-vs-new comparison."""
+    sources = [f"actor_rollout_ref.rollout.custom.speculation.{key}={str(value).lower()}"
+               for key, value in DRAFTERS["ngram_rl prompt-only"].items()]
+    command = [
+        sys.executable, "-m", "verl_ext.main", "--config-name", "demo_cpu",
+        f"trainer.total_training_steps={steps}",
+        "trainer.resume_mode=disable",
+        f"verl_ext.report_dir={out / 'run_prompt_only'}",
+        *sources,
     ]
     subprocess.run(command, check=True)
 
@@ -314,10 +330,13 @@ def main() -> None:
     out = args.out.resolve()
     if not args.reuse:
         train(out, args.steps)
+    if not (args.reuse and (out / "run_prompt_only" / "metrics.jsonl").exists()):
+        train_prompt_only(out, args.steps)
 
     steps = load_steps(out / "trace")
     curves, sources = score_drafters(steps)
     online, coverage, online_counters = online_metrics(out / "run")
+    online_prompt_only, _, _ = online_metrics(out / "run_prompt_only")
     plot(curves, online, out / "accepted_per_forward.png")
 
     epoch = first_epoch_steps(steps)
@@ -330,6 +349,8 @@ def main() -> None:
         prefetch = "prefetch off" if coverage is None else f"prefetch coverage {final_mean(coverage):.1%}"
         print(f"  {'ngram_rl':<22}{'online':>8}{mean(online[:epoch]):>13.2f}{final_mean(online):>11.2f}   "
               f"(the training run: adaptive draft length; {prefetch})")
+        print(f"  {'ngram_rl prompt-only':<22}{'online':>8}{mean(online_prompt_only[:epoch]):>13.2f}"
+              f"{final_mean(online_prompt_only):>11.2f}   (the same run, same seed, prompt history only)")
     others = [m for m in DRAFTERS if not m.startswith("ngram_rl")]
     for span, pick in (("first epoch", lambda v: mean(v[:epoch])), ("final 30%", final_mean)):
         best = max(others, key=lambda m: pick(curves[m]))
