@@ -69,6 +69,15 @@ def test_stop_token_ends_the_row_and_is_kept(model):
     assert result.finish_reason == "stop"
 
 
+def test_stop_token_past_the_length_limit_is_not_emitted(model):
+    # a one-token budget is filled by the prefill; the step after it emits a stop token past the limit
+    expected = reference_greedy(model, PROMPTS[0], 2)
+    engine = HFGenerationEngine(model, pad_token_id=0)
+    (result,) = engine.generate([GenerationRequest(PROMPTS[0], 1, GREEDY, frozenset({expected[1]}))])
+    assert result.token_ids == expected[:1]
+    assert result.finish_reason == "length"
+
+
 def test_log_probs_are_the_temperature_scaled_policy(model):
     temperature = 0.7
     engine = HFGenerationEngine(model, pad_token_id=0, seed=3)

@@ -186,6 +186,8 @@ class HFGenerationEngine:
 
     def abort_all(self) -> dict[int, GenerationResult]:
         aborted = {h: GenerationResult(r.output, r.log_probs, "aborted") for h, r in self.rows.items()}
+        if self.speculator:
+            self.speculator.release(list(self.rows))
         self.rows.clear()
         self.batch = None
         return aborted
@@ -286,12 +288,13 @@ class HFGenerationEngine:
 def _finish_if_done(row: RowState) -> Optional[GenerationResult]:
     """Cut the output at the first stop token or at the length limit; None while the row goes on."""
     stops = row.request.stop_token_ids
-    for i in range(row.stop_checked, len(row.output)):
+    limit = row.request.max_new_tokens
+    # a row whose first token filled its budget still takes one step: what that step emits lies past the limit
+    for i in range(row.stop_checked, min(len(row.output), limit)):
         if row.output[i] in stops:
             return GenerationResult(row.output[: i + 1], row.log_probs[: i + 1], "stop")
     row.stop_checked = len(row.output)
     if row.remaining <= 0:
-        limit = row.request.max_new_tokens
         return GenerationResult(row.output[:limit], row.log_probs[:limit], "length")
     return None
 

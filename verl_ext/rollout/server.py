@@ -4,6 +4,8 @@ verl's agent loop sends one ``generate`` per sample, concurrently. They are queu
 thread folds them into one continuously batched decode loop (``HFGenerationEngine``), so a GRPO batch runs as
 one batch however its requests arrive. Weight updates and sleep/wake from verl's checkpoint engine take the
 same lock as the decode loop, so they never land in the middle of a step.
+
+``abort_all_requests`` aborts every request submitted before it: those in the engine and those still queued.
 """
 
 import asyncio
@@ -34,6 +36,7 @@ class _Pending:
     want_log_probs: bool
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    aborts_before: int  # abort_all_requests calls made before this request was submitted
 
 
 class HFRolloutServer:
@@ -56,9 +59,15 @@ class HFRolloutServer:
             speculator=build_speculator(config, self.device.type),
         )
         self.trace = RolloutTrace.from_config(config, replica_rank)
-        self._lock = threading.Lock()  # engine state and weights
-        self._inbox: "queue.Queue[_Pending]" = queue.Queue()
-        self._waiting: dict[int, _Pending] = {}
+        # _lock owns the engine (its rows and KV cache), _waiting, the weights and the counters below. The table
+        # and the engine's rows change together under it, from every thread (decode, abort, failure), so a
+        # handle is in _waiting exactly while its row is in the engine.
+        self._lock = threading.Lock()
+        self._inbox: "queue.Queue[_Pending]" = queue.Queue()  # submitted, not yet in the engine
+        self._waiting: dict[int, _Pending] = {}  # engine handle -> its caller; under _lock
+        self._aborts_applied = 0  # abort_all_requests calls that have aborted the engine; under _lock
+        self._aborts_issued = 0  # abort_all_requests calls made; event loop only
+        self._open: set[asyncio.Future] = set()  # generate calls not yet returned; event loop only
         self._accepting = True
         self._busy_s = 0.0  # engine time (admission, prefill, decode) since the last rollout_metrics(); under _lock
         self._tokens = 0  # tokens of the requests finished since then; under _lock
@@ -88,11 +97,15 @@ class HFRolloutServer:
         seed = self._request_seed(sampling_params.get("seed"), request_id)
         request = GenerationRequest(list(prompt_ids), max_new, settings, self.stop_ids, seed)
         loop = asyncio.get_running_loop()
-        pending = _Pending(request, want_log_probs, loop.create_future(), loop)
+        pending = _Pending(request, want_log_probs, loop.create_future(), loop, self._aborts_issued)
         if self._span[0] is None:
             self._span[0] = time.perf_counter()
-        self._inbox.put(pending)
-        result: GenerationResult = await pending.future
+        self._open.add(pending.future)
+        try:
+            self._inbox.put(pending)
+            result: GenerationResult = await pending.future
+        finally:
+            self._open.discard(pending.future)
         return TokenOutput(
             token_ids=result.token_ids,
             log_probs=result.log_probs if want_log_probs else None,
@@ -124,8 +137,9 @@ class HFRolloutServer:
 
     async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False):
         self._accepting = not reject_request
-        aborted = await asyncio.to_thread(self._abort_locked)
-        return {"aborted_count": len(aborted), "request_ids": []}
+        self._aborts_issued += 1
+        aborted = await asyncio.to_thread(self._abort_locked, self._aborts_issued)
+        return {"aborted_count": aborted, "request_ids": []}
 
     async def resume_generation(self):
         self._accepting = True
@@ -134,7 +148,7 @@ class HFRolloutServer:
         self.global_steps = global_steps
 
     async def wait_for_requests_to_drain(self):
-        while self._waiting or not self._inbox.empty():
+        while self._open:
             await asyncio.sleep(0.01)
 
     async def start_profile(self, **kwargs):
@@ -164,24 +178,31 @@ class HFRolloutServer:
 
     def _decode_loop(self) -> None:
         while True:
+            items: list[_Pending] = []  # taken from the inbox, in neither the engine nor done yet
+            done: list[tuple[_Pending, GenerationResult]] = []
             try:
-                first = [] if self.engine.has_work else [self._inbox.get()]  # idle: block until there is work
+                items = [] if self.engine.has_work else [self._inbox.get()]  # idle: block until there is work
                 start = time.perf_counter()
-                self._admit(first + self._drain_inbox())
                 with self._lock:
+                    items += self._drain_inbox()
+                    done = self._admit_locked(items)
+                    items = []
                     finished = self.engine.step() if self.engine.has_work else {}
+                    done += [(self._waiting.pop(handle), result) for handle, result in finished.items()]
                     self._tokens += sum(len(result.token_ids) for result in finished.values())
                     self._busy_s += time.perf_counter() - start
-                self._deliver(finished)
+                self._deliver(done)
             except Exception as error:  # noqa: BLE001 -- every waiting caller gets it; the loop survives
                 logger.exception("HF rollout step failed; failing its requests")
-                self._fail_all(error)
+                self._fail_all(error, [*items, *(pending for pending, _ in done)])
 
-    def _fail_all(self, error: Exception) -> None:
+    def _fail_all(self, error: Exception, held: list[_Pending]) -> None:
+        """Fail every request: in the engine, queued, and ``held`` (taken from the queue, not yet answered)."""
         with self._lock:
             self.engine.abort_all()
-        waiting, self._waiting = self._waiting, {}
-        for pending in [*waiting.values(), *self._drain_inbox()]:
+            waiting, self._waiting = self._waiting, {}
+            failed = [*waiting.values(), *held, *self._drain_inbox()]
+        for pending in failed:
             pending.loop.call_soon_threadsafe(_reject, pending.future, error)
 
     def _drain_inbox(self) -> list[_Pending]:
@@ -192,27 +213,34 @@ class HFRolloutServer:
             except queue.Empty:
                 return items
 
-    def _admit(self, items: list[_Pending]) -> None:
-        if not items:
-            return
-        with self._lock:
-            handles = self.engine.add([p.request for p in items])
-        self._waiting.update(zip(handles, items))
+    def _admit_locked(self, items: list[_Pending]) -> list[tuple[_Pending, GenerationResult]]:
+        """Add ``items`` to the engine and the table; those submitted before an abort that has run come back
+        aborted instead. Caller holds _lock."""
+        stale = [p for p in items if p.aborts_before < self._aborts_applied]
+        fresh = [p for p in items if p.aborts_before >= self._aborts_applied]
+        if fresh:
+            handles = self.engine.add([p.request for p in fresh])
+            self._waiting.update(zip(handles, fresh, strict=True))
+        return [(p, GenerationResult([], [], "aborted")) for p in stale]
 
-    def _deliver(self, finished: dict[int, GenerationResult]) -> None:
-        for handle, result in finished.items():
-            pending = self._waiting.pop(handle)
+    def _deliver(self, done: list[tuple[_Pending, GenerationResult]]) -> None:
+        """Hand results to their callers (outside _lock: the trace writes a file)."""
+        for pending, result in done:
             if self.trace is not None:
                 self.trace.write(self.global_steps, pending.request.prompt_ids, result.token_ids)
             pending.loop.call_soon_threadsafe(_resolve, pending.future, result)
-        if finished:
+        if done:
             self._span[1] = time.perf_counter()
 
-    def _abort_locked(self) -> dict[int, GenerationResult]:
+    def _abort_locked(self, aborts_issued: int) -> int:
+        """Abort the engine's requests; those still queued come back aborted when the decode thread takes them
+        (``_admit_locked``). Returns how many the engine held."""
         with self._lock:
+            self._aborts_applied = max(self._aborts_applied, aborts_issued)
             aborted = self.engine.abort_all()
-        self._deliver(aborted)
-        return aborted
+            done = [(self._waiting.pop(handle), result) for handle, result in aborted.items()]
+        self._deliver(done)
+        return len(aborted)
 
     def _load_weights_locked(self, named_tensors) -> None:
         with self._lock:
