@@ -136,6 +136,19 @@ def fake_ray(tmp_path):
     return tmp_path
 
 
+TOKEN = "f" * 64
+
+
+def _launch_env(fake_ray, **settings):
+    """The fake `ray` first on PATH, a home with no ~/.ray/auth_token, no Ray settings but `settings`
+    (a setting of None is left out)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH_", "RAY_ADDRESS"))}
+    env.update(PATH=f"{fake_ray}:{env['PATH']}", HOME=str(fake_ray), RAY_ADDRESS="http://head:8265",
+               RAY_AUTH_TOKEN=TOKEN)
+    env.update(settings)
+    return {k: v for k, v in env.items() if v is not None}
+
+
 def _launch(env, *args):
     return subprocess.run(["bash", str(LAUNCH), *args], env=env, capture_output=True, text=True, timeout=30)
 
@@ -146,9 +159,8 @@ def test_launch_script_parses_and_is_executable():
 
 
 def test_launch_submits_the_recipe_with_overrides(fake_ray):
-    env = {**os.environ, "PATH": f"{fake_ray}:{os.environ['PATH']}", "RAY_ADDRESS": "http://head:8265",
-           "NNODES": "2", "GPUS_PER_NODE": "8"}
-    result = _launch(env, "data.train_files=[a,b]", "trainer.experiment_name=with space")
+    result = _launch(_launch_env(fake_ray, NNODES="2", GPUS_PER_NODE="8"),
+                     "data.train_files=[a,b]", "trainer.experiment_name=with space")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         "job", "submit", "--address", "http://head:8265", "--runtime-env-json",
@@ -156,16 +168,35 @@ def test_launch_submits_the_recipe_with_overrides(fake_ray):
         "python", "-m", "verl_ext.main", "--config-name", RECIPE, "trainer.nnodes=2", "trainer.n_gpus_per_node=8",
         "data.train_files=[a,b]", "trainer.experiment_name=with space",
     ]
+    assert TOKEN not in result.stdout + result.stderr  # the token goes in a header, never in ray's arguments
+
+
+@pytest.mark.parametrize("token_source", [
+    {"RAY_AUTH_TOKEN": TOKEN},
+    {"RAY_AUTH_TOKEN": None, "RAY_AUTH_TOKEN_PATH": "token_file"},
+    {"RAY_AUTH_TOKEN": None, "default_file": True},  # ~/.ray/auth_token, where `ray get-auth-token` writes
+])
+def test_launch_takes_the_token_where_ray_reads_it(fake_ray, token_source):
+    token_source = dict(token_source)
+    if token_source.pop("default_file", False):
+        (fake_ray / ".ray").mkdir()
+        (fake_ray / ".ray" / "auth_token").write_text(TOKEN)
+    if token_source.get("RAY_AUTH_TOKEN_PATH"):
+        (fake_ray / "token_file").write_text(TOKEN)
+        token_source["RAY_AUTH_TOKEN_PATH"] = str(fake_ray / "token_file")
+    result = _launch(_launch_env(fake_ray, **token_source))
+    assert result.returncode == 0 and result.stdout.startswith("job\nsubmit\n"), result.stderr
 
 
 @pytest.mark.parametrize("env_change,words", [
     ({"RAY_ADDRESS": None}, "RAY_ADDRESS"),
     ({"NNODES": "two"}, "NNODES=two"),
     ({"GPUS_PER_NODE": "0"}, "GPUS_PER_NODE=0"),
+    ({"RAY_AUTH_TOKEN": None}, "no token was given"),
+    ({"RAY_AUTH_TOKEN": None, "RAY_AUTH_TOKEN_PATH": "/nonexistent/token"}, "RAY_AUTH_TOKEN_PATH=/nonexistent/token"),
+    ({"RAY_AUTH_MODE": "on"}, "RAY_AUTH_MODE=on"),
 ])
 def test_launch_refuses_bad_settings(fake_ray, env_change, words):
-    env = {**os.environ, "PATH": f"{fake_ray}:{os.environ['PATH']}", "RAY_ADDRESS": "http://head:8265"}
-    env.update(env_change)
-    env = {k: v for k, v in env.items() if v is not None}
-    result = _launch(env)
+    result = _launch(_launch_env(fake_ray, **env_change))
     assert result.returncode != 0 and words in result.stderr and not result.stdout
+    assert len(result.stderr.splitlines()) == 1, result.stderr
