@@ -8,6 +8,7 @@ from verl_ext_testing import PROMPT_ONLY
 from verl_ext.rollout.engine import HFGenerationEngine
 from verl_ext.rollout.requests import GenerationRequest, SamplingSettings
 from verl_ext.speculation import SpeculationConfig, Speculator
+from verl_ext.speculation.sampling import greedy_tokens
 
 GREEDY = SamplingSettings(temperature=0.0)
 VOCAB = 61
@@ -25,11 +26,11 @@ def model():
 
 
 def reference_greedy(model, prompt, n):
-    """Full recompute every step: what a cache-free decoder emits."""
+    """Full recompute every step: what a cache-free decoder emits (greedy's tie rule)."""
     ids = list(prompt)
     with torch.no_grad():
         for _ in range(n):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+            ids.append(int(greedy_tokens(model(torch.tensor([ids])).logits[:, -1])))
     return ids[len(prompt):]
 
 

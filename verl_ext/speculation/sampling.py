@@ -55,6 +55,23 @@ class BatchSamplingParams:
         return self.temperature == 0
 
 
+# Greedy's one tie rule, for plain sampling and verification alike: after the cast to fp32, every logit within
+# GREEDY_TIE_RTOL (relative to the row's largest magnitude, at least 1) of the row's maximum counts as a maximum,
+# and the lowest token id among them wins. A 1-token and a (1+K)-token forward round differently (up to ~2e-6
+# relative measured on the demo model in fp32), so without the band a near tie could go either way depending on
+# how many tokens the forward carried. Two logits this close differ in probability by about 0.01%.
+GREEDY_TIE_RTOL = 1e-4
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """The lowest token id among each row's maxima (GREEDY_TIE_RTOL)."""  # logits: [N, V] -> [N] int64
+    logits = logits.float()
+    top = logits.max(dim=-1, keepdim=True).values  # [N, 1]
+    maxima = logits >= top - GREEDY_TIE_RTOL * top.abs().clamp(min=1.0)  # [N, V]
+    ids = torch.arange(logits.shape[-1], device=logits.device).expand_as(logits)
+    return torch.where(maxima, ids, logits.shape[-1]).min(dim=-1).values
+
+
 class Sampled(NamedTuple):
     tokens: torch.Tensor  # [B] int64
     logprobs: torch.Tensor  # [B] float32, see sample_logprobs
@@ -83,13 +100,13 @@ def _mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
 
 
 def processed_probs(logits: torch.Tensor, params: BatchSamplingParams) -> torch.Tensor:
-    """p: softmax(logits / T) restricted to top-k then top-p; one-hot argmax for greedy rows."""
+    """p: softmax(logits / T) restricted to top-k then top-p; one-hot greedy_tokens for greedy rows."""
     # logits: [N, V] -> [N, V] float32
     logits, params = logits.float(), params.to(logits.device)
     probs = _mask_top_k_top_p(logits / _temperature(params), params.top_k, params.top_p).softmax(dim=-1)
     greedy = params.greedy
     if greedy.any():
-        one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        one_hot = torch.zeros_like(probs).scatter_(-1, greedy_tokens(logits)[:, None], 1.0)
         probs = torch.where(greedy[:, None], one_hot, probs)
     return probs
 

@@ -15,7 +15,8 @@ position equals x with probability p(x) (accepted), and equals any y != x with p
 (1 - p(x)) * p(y) / (1 - p(x)) = p(y) (rejected, then recovered). Every emitted token is therefore
 distributed as p given the tokens before it, which is what plain sampling does, position after position;
 a row stops at its first rejection, so later positions never condition on a token that was not emitted.
-Greedy rows have p = one-hot(argmax): accept while the draft equals the argmax, then emit the argmax.
+Greedy rows have p = one-hot(argmax): accept while the draft equals the argmax, then emit the argmax; the
+argmax follows sampling.greedy_tokens' tie rule, as plain greedy sampling does.
 vLLM's rejection_sampler implements the same rule for drafts without probabilities.
 """
 
