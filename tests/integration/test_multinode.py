@@ -77,9 +77,10 @@ def two_node_cluster(token_file, tmp_path_factory):
     home = tmp_path_factory.mktemp("node_home")
     gcs_port, dashboard_port = _free_port(), _free_port()
     ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
-    head_env = _user_env(home, RAY_PORT=str(gcs_port), RAY_NUM_GPUS="1", RAY_AUTH_TOKEN_PATH=str(token_file))
-    worker_env = _user_env(home, RAY_HEAD=f"127.0.0.1:{gcs_port}", RAY_NUM_GPUS="1",
-                           RAY_AUTH_TOKEN=token_file.read_text())
+    # a throwaway cluster: stopping it need not wait out Ray's 30 s drain for the node's work to move elsewhere
+    node = {"RAY_NUM_GPUS": "1", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+    head_env = _user_env(home, RAY_PORT=str(gcs_port), RAY_AUTH_TOKEN_PATH=str(token_file), **node)
+    worker_env = _user_env(home, RAY_HEAD=f"127.0.0.1:{gcs_port}", RAY_AUTH_TOKEN=token_file.read_text(), **node)
     head = [str(REPO / "docker" / "ray-head.sh"), f"--temp-dir={ray_dir}", "--include-dashboard=true",
             f"--dashboard-port={dashboard_port}", f"--ray-client-server-port={_free_port()}", *_node_args()]
     cluster = Cluster(f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dashboard_port}", token_file, logs)
@@ -136,7 +137,10 @@ def _wait_for_nodes(cluster: Cluster, count: int, timeout_s: float = 120) -> Non
         try:
             if sum(n["state"] == "ALIVE" for n in _state(cluster, "nodes")) >= count:
                 return
-        except (urllib.error.URLError, ConnectionError, KeyError):  # the dashboard is still starting
+        except urllib.error.HTTPError as error:
+            if error.code in (401, 403):  # the head refuses our token: waiting will not help
+                raise
+        except (urllib.error.URLError, ConnectionError, KeyError, ValueError):  # the dashboard is still starting
             pass
         time.sleep(1)
     raise TimeoutError(f"Ray cluster at {cluster.gcs_address} did not reach {count} nodes in {timeout_s}s")
