@@ -21,6 +21,8 @@ DEFAULT_RECIPE = "demo_cpu"
 
 
 def _run(config: DictConfig) -> None:
+    preflight.check_before_data(config)  # before verl's trainer is imported, and before any data is built
+
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
@@ -29,7 +31,7 @@ def _run(config: DictConfig) -> None:
 
     check_registered()
     OmegaConf.resolve(config)  # builds the embedded default here, with progress, if the recipe asks for it
-    preflight.check(config)
+    preflight.check_paths(config)
     preflight.prepare_ray(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     metrics_path = _enable_step_report(config)

@@ -1,10 +1,20 @@
-"""Start-up checks: each problem is one line that names it and the fix, raised before Ray starts."""
+"""Start-up checks: each problem is one line that names it and the fix, raised before Ray starts.
 
+``check_before_data`` runs on the unresolved config, before ``OmegaConf.resolve`` builds the embedded default
+(minutes on a fresh data directory): every setting, and every path the user gave. ``check_paths`` then checks
+the paths the build produced.
+"""
+
+import logging
 import os
 from importlib import resources
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from verl_ext.demo_resolver import RESOLVER
+
+logger = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -33,16 +43,69 @@ def _config_name(argv: list[str]):
 
 
 def check(config: DictConfig) -> None:
+    """Every start-up check; the paths of the embedded default are built (or built here) first."""
+    check_before_data(config)
+    check_paths(config)
+
+
+def check_before_data(config: DictConfig) -> None:
+    """Every check that needs no built data, so a typo is reported in seconds, not after the build."""
     _check_device(config.trainer.device)
-    _check_model_path(config.actor_rollout_ref.model.path)
-    for key in ("train_files", "val_files"):
-        _check_files(f"data.{key}", config.data[key])
+    _check_booleans(config)
+    _check_group_size(config.actor_rollout_ref)
     _check_speculation(config.actor_rollout_ref.rollout)
     _check_prefix_grouper(config.actor_rollout_ref)
     _check_sampler_poll(config.trainer)
-    reward_path = config.reward.custom_reward_function.get("path")
-    if reward_path:
-        _check_files("reward.custom_reward_function.path", reward_path)
+    check_paths(config, skip_built=True)
+
+
+# The user-facing paths, by key: the model directory and files.
+_MODEL_PATH = "actor_rollout_ref.model.path"
+_FILE_KEYS = ("data.train_files", "data.val_files", "reward.custom_reward_function.path")
+
+
+def check_paths(config: DictConfig, skip_built: bool = False) -> None:
+    """Paths exist. skip_built: leave out those the embedded default builds (not resolved yet)."""
+    for key in (_MODEL_PATH, *_FILE_KEYS):
+        if skip_built and _built_by_demo(config, key):
+            continue
+        value = OmegaConf.select(config, key)
+        if key == _MODEL_PATH:
+            _check_model_path(value)
+        elif value:  # an unset reward path: verl's default reward
+            _check_files(key, value)
+
+
+def _built_by_demo(config: DictConfig, key: str) -> bool:
+    parent, name = key.rsplit(".", 1)
+    raw = OmegaConf.to_container(OmegaConf.select(config, parent), resolve=False).get(name)
+    return f"${{{RESOLVER}:" in str(raw)
+
+
+# Boolean keys verl_ext gives meaning to (speculation's own are checked by SpeculationConfig). A value such as
+# `maybe` is truthy: without this check it would silently switch a feature on.
+_BOOLEAN_KEYS = ("actor_rollout_ref.actor.use_prefix_grouper", "actor_rollout_ref.rollout.full_determinism",
+                 "actor_rollout_ref.rollout.free_cache_engine")
+
+
+def _check_booleans(config: DictConfig) -> None:
+    for key in _BOOLEAN_KEYS:
+        value = OmegaConf.select(config, key, default=False)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r} is not a boolean; set it to true or false.")
+
+
+def _check_group_size(arr) -> None:
+    """rollout.n: responses per prompt (GRPO's group)."""
+    n = arr.rollout.n
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.n={n!r} is invalid: it is the number of responses per prompt, an integer "
+            ">= 1 (GRPO compares the responses of a prompt: use n >= 2, e.g. 8)."
+        )
+    if n == 1 and arr.actor.get("use_prefix_grouper", False):
+        logger.warning("actor_rollout_ref.rollout.n=1 with use_prefix_grouper=true: each prompt has one response, "
+                       "so there is no prefix to share; the grouped forward computes what the standard one does.")
 
 
 # Keys verl_ext reads under actor_rollout_ref.rollout.custom.

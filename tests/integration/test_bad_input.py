@@ -1,27 +1,49 @@
-"""Bad input stops the main entry point before Ray starts, with one line that names the problem and the fix."""
+"""Bad input stops the main entry point before Ray starts, with one line that names the problem and the fix.
 
+Each case runs on a fresh data directory: every check that needs no built data comes before the embedded
+default's build (minutes), so the answer comes in seconds and the directory is never created.
+"""
+
+import resource
 import subprocess
 
 import pytest
 from verl_ext_testing import REPO, main_command
 
+SPEC = "actor_rollout_ref.rollout.custom.speculation"
 CASES = {
     "unknown recipe": (["--config-name", "no_such_recipe"], "unknown recipe 'no_such_recipe'"),
     "cuda without a GPU": (["trainer.device=cuda"], "trainer.device=cuda but no CUDA GPU"),
     "missing model": (["actor_rollout_ref.model.path=/nonexistent/model"], "model path '/nonexistent/model' does not exist"),
     "missing data": (["data.train_files=/nonexistent/train.parquet"], "data.train_files: file '/nonexistent/train.parquet' not found"),
-}
+    "non-boolean flag": (["actor_rollout_ref.actor.use_prefix_grouper=maybe"],
+                         "actor_rollout_ref.actor.use_prefix_grouper='maybe' is not a boolean"),
+    "no responses per prompt": (["actor_rollout_ref.rollout.n=0"], "actor_rollout_ref.rollout.n=0 is invalid"),
+    "bad speculation setting": ([f"{SPEC}.num_draft_tokens=99"], "speculation.num_draft_tokens=99 is invalid"),
+    "prefix grouper conflict": (["actor_rollout_ref.model.use_fused_kernels=true"], "use_fused_kernels=true"),
+}  # fmt: skip
+CPU_SECONDS = 60  # the check itself takes ~10 s (imports); building the embedded default takes minutes
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_input_gets_one_clear_line(case, demo_data_dir):
+def test_bad_input_gets_one_clear_line_before_any_build(case, tmp_path):
     extra, message = CASES[case]
+    fresh_data_dir = tmp_path / "data"
     if extra[0] == "--config-name":
         command = main_command(recipe=extra[1])
     else:
-        command = main_command(*extra, f"verl_ext.data_dir={demo_data_dir}")
+        command = main_command(*extra, f"verl_ext.data_dir={fresh_data_dir}")
+    cpu_before = _children_cpu_seconds()
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    cpu_seconds = _children_cpu_seconds() - cpu_before
     assert result.returncode != 0
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("verl_ext: ") and message in last_line, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
+    assert not fresh_data_dir.exists()  # refused before the embedded default was built
+    assert cpu_seconds < CPU_SECONDS  # CPU, not wall-clock time: the box may be shared
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime

@@ -1,0 +1,48 @@
+"""The start-up checks that need no built data, on a recipe composed over a fresh data directory (unresolved,
+as verl_ext.main holds it before the embedded default is built)."""
+
+import logging
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from verl_ext import preflight
+from verl_ext.demo_resolver import register_demo_resolver
+
+
+def _config(data_dir, *overrides):
+    register_demo_resolver()
+    with initialize_config_module("verl_ext.recipes", version_base=None):
+        return compose("demo_cpu", overrides=[f"verl_ext.data_dir={data_dir}", *overrides])
+
+
+@pytest.mark.parametrize(
+    "override,words",
+    [
+        # every boolean key verl_ext gives meaning to takes true or false only (strings and numbers are truthy)
+        ("actor_rollout_ref.actor.use_prefix_grouper=maybe", "use_prefix_grouper='maybe' is not a boolean"),
+        ("actor_rollout_ref.rollout.full_determinism=1", "full_determinism=1 is not a boolean"),
+        ("actor_rollout_ref.rollout.free_cache_engine=on", "free_cache_engine='on' is not a boolean"),
+        ("actor_rollout_ref.rollout.custom.speculation.draft_from_self=maybe", "draft_from_self='maybe'"),
+        # rollout.n: an integer >= 1
+        ("actor_rollout_ref.rollout.n=0", "rollout.n=0 is invalid"),
+        ("actor_rollout_ref.rollout.n=-2", "rollout.n=-2 is invalid"),
+        ("actor_rollout_ref.rollout.n=two", "rollout.n='two' is invalid"),
+    ],
+)
+def test_refused_before_the_data_is_built(tmp_path, override, words):
+    with pytest.raises(preflight.ConfigError) as error:
+        preflight.check_before_data(_config(tmp_path / "data", override))
+    assert words in str(error.value) and "\n" not in str(error.value)
+    assert not (tmp_path / "data").exists()
+
+
+def test_recipe_as_shipped_passes_without_building(tmp_path):
+    preflight.check_before_data(_config(tmp_path / "data"))  # control
+    assert not (tmp_path / "data").exists()
+
+
+def test_one_response_per_prompt_with_the_shared_prefix_forward_is_explained(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="verl_ext.preflight"):
+        preflight.check_before_data(_config(tmp_path / "data", "actor_rollout_ref.rollout.n=1"))
+    assert "no prefix to share" in caplog.text
