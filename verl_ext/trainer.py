@@ -9,7 +9,6 @@ groups instead of single samples.
 
 import itertools
 import os
-import pickle
 
 import ray
 from verl.trainer.ppo.utils import Role
@@ -18,6 +17,8 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from verl_ext.grouping import balance_groups, uid_groups
+from verl_ext.rollout.speculator import build_speculation_config
+from verl_ext.speculation import state_files
 from verl_ext.workers import ActorRolloutRefWorker, TrainingWorker
 
 TRAINER_MODE = "verl_ext"
@@ -148,20 +149,25 @@ class VerlExtTrainer(PPOTrainerSync):
 
     def _save_speculation_state(self, directory: str) -> None:
         states = ray.get([s.speculation_state.remote() for s in self._verl_ext_servers()])
-        if not any(state is not None for state in states):
-            return
-        os.makedirs(directory, exist_ok=True)
-        for rank, state in enumerate(states):
-            with open(os.path.join(directory, f"replica_{rank}.pkl"), "wb") as f:
-                pickle.dump(state, f)
+        if any(state is not None for state in states):
+            state_files.save_states(directory, states)
 
     def _load_speculation_state(self, directory: str) -> None:
+        if build_speculation_config(self.config.actor_rollout_ref.rollout) is None:
+            return
         servers = self._verl_ext_servers()
-        for rank, server in enumerate(servers):
-            path = os.path.join(directory, f"replica_{rank}.pkl")
-            if os.path.exists(path):
-                with open(path, "rb") as f:
-                    ray.get(server.load_speculation_state.remote(pickle.load(f)))
+        states = state_files.load_states(directory, len(servers))
+        if states is None:
+            return
+        for rank, (server, state) in enumerate(zip(servers, states, strict=True)):
+            if state is None:
+                continue  # this replica had no history to save
+            try:
+                ray.get(server.load_speculation_state.remote(state))
+            except Exception as error:  # noqa: BLE001 -- a state of the wrong shape: name the file
+                path = os.path.join(directory, state_files.replica_file(rank))
+                cause = str(error).strip().splitlines()[-1]  # a Ray error carries the actor's traceback
+                raise state_files.refuse(path, f"not a drafter history this rollout can load ({cause})") from None
 
     def _resumed_folder(self):
         if self.global_steps == 0:
