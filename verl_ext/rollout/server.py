@@ -9,6 +9,7 @@ same lock as the decode loop, so they never land in the middle of a step.
 """
 
 import asyncio
+import collections
 import hashlib
 import logging
 import os
@@ -68,6 +69,8 @@ class HFRolloutServer:
         self._aborts_applied = 0  # abort_all_requests calls that have aborted the engine; under _lock
         self._aborts_issued = 0  # abort_all_requests calls made; event loop only
         self._open: set[asyncio.Future] = set()  # generate calls not yet returned; event loop only
+        # full_determinism: how many requests with the same id and prompt this step has had; event loop only
+        self._repeats: collections.Counter = collections.Counter()
         self._accepting = True
         self._busy_s = 0.0  # engine time (admission, prefill, decode) since the last rollout_metrics(); under _lock
         self._tokens = 0  # tokens of the requests finished since then; under _lock
@@ -94,7 +97,7 @@ class HFRolloutServer:
         if not self._accepting:
             return TokenOutput(token_ids=[], stop_reason="aborted", extra_fields=self._extra_fields())
         settings, max_new, want_log_probs = parse_sampling_params(dict(sampling_params), self._max_new(prompt_ids))
-        seed = self._request_seed(sampling_params.get("seed"), request_id)
+        seed = self._request_seed(sampling_params.get("seed"), request_id, prompt_ids)
         request = GenerationRequest(list(prompt_ids), max_new, settings, self.stop_ids, seed)
         loop = asyncio.get_running_loop()
         pending = _Pending(request, want_log_probs, loop.create_future(), loop, self._aborts_issued)
@@ -146,6 +149,7 @@ class HFRolloutServer:
 
     async def set_global_steps(self, global_steps: int):
         self.global_steps = global_steps
+        self._repeats.clear()
 
     async def wait_for_requests_to_drain(self):
         while self._open:
@@ -279,14 +283,20 @@ class HFRolloutServer:
         budget = self.config.prompt_length + self.config.response_length - len(prompt_ids)
         return max(1, min(self.config.response_length, budget))
 
-    def _request_seed(self, explicit: Optional[int], request_id: str) -> Optional[int]:
-        """An explicit seed wins; under ``full_determinism`` verl's request ids are stable, so derive one."""
+    def _request_seed(self, explicit: Optional[int], request_id: str, prompt_ids: list[int]) -> Optional[int]:
+        """An explicit seed wins; under ``full_determinism`` derive one from the step, the request id, the prompt
+        and how many identical requests came before it this step. verl 0.9.1's v1 agent loop passes no priority,
+        so every request of a step is named ``det-0``: seeded by the id alone, a group's n samples would all be
+        the same response and GRPO would have no advantage to learn from."""
         if explicit is not None:
             return int(explicit)
         if not self.config.full_determinism:
             return None
-        digest = hashlib.blake2b(f"{self.config.seed}:{self.global_steps}:{request_id}".encode(), digest_size=8)
-        return int.from_bytes(digest.digest(), "little") >> 1
+        key = (request_id, hashlib.blake2b(str(list(prompt_ids)).encode(), digest_size=8).hexdigest())
+        repeat = self._repeats[key]
+        self._repeats[key] += 1
+        text = f"{self.config.seed}:{self.global_steps}:{request_id}:{key[1]}:{repeat}"
+        return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
     def _extra_fields(self) -> dict[str, Any]:
         return {"global_steps": self.global_steps}
