@@ -1,6 +1,6 @@
 """The whole GRPO step as the trainer sees it: verl's own GRPO (`grpo_baseline`) against verl_ext (`demo_cpu`).
 
-    python benchmarks/e2e.py [--steps 40] [--out outputs/bench_e2e] [--reuse]    (make bench-e2e)
+    python benchmarks/e2e.py [--steps 40] [--out outputs/bench_e2e] [--reuse] [OVERRIDE ...]    (make bench-e2e)
 
 Runs both recipes on the embedded default for the same steps, one after the other on this machine, and prints
 the means over the final 30% of steps from verl's metrics JSONL: step, rollout phase (timing_s/gen), the
@@ -36,9 +36,10 @@ ROWS = [  # (title, metric key)
 SPEEDS = {"rollout/engine_tokens_per_s"}  # higher is better: the ratio is demo_cpu / baseline
 
 
-def run(recipe: str, steps: int, out: Path) -> None:
+def run(recipe: str, steps: int, out: Path, overrides: list[str]) -> None:
     command = [sys.executable, "-m", "verl_ext.main", "--config-name", recipe, f"trainer.total_training_steps={steps}",
-               "trainer.save_freq=-1", "trainer.resume_mode=disable", f"verl_ext.report_dir={out / recipe}"]
+               "trainer.save_freq=-1", "trainer.resume_mode=disable", f"verl_ext.report_dir={out / recipe}",
+               *overrides]
     subprocess.run(command, check=True)
 
 
@@ -67,11 +68,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--out", type=Path, default=Path("outputs/bench_e2e"))
     parser.add_argument("--reuse", action="store_true", help="reuse the runs already in --out")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides given to both runs")
     args = parser.parse_args()
     out = args.out.resolve()
     if not args.reuse:
         for recipe in RECIPES:
-            run(recipe, args.steps, out)
+            run(recipe, args.steps, out, args.overrides)
     base, ours = (final_means(out / recipe / "metrics.jsonl") for recipe in RECIPES)
     print("\n" + table(base, ours, args.steps))
 

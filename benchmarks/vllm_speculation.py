@@ -67,7 +67,7 @@ def prompts_of(data_dir: Path, count: int) -> tuple[list[list[int]], Path]:
     from verl_ext.demo.build import ensure_demo_assets
 
     assets = ensure_demo_assets(data_dir)
-    return assets.train_prompt_ids(count), assets.model_path
+    return assets.prompt_ids(count), assets.model_path
 
 
 def run_method(settings: dict, model_path, steps: list[list[list[int]]], n: int, response_length: int) -> list[dict]:

@@ -23,8 +23,8 @@ def demo_assets(demo_data_dir):
 
 @pytest.fixture(scope="session")
 def demo_prompts(demo_assets) -> list[list[int]]:
-    """The first NUM_PROMPTS training prompts, tokenized as verl's dataset does (chat template)."""
-    return demo_assets.train_prompt_ids(NUM_PROMPTS)
+    """NUM_PROMPTS prompts of the task (the training prompts first), tokenized as verl's dataset does."""
+    return demo_assets.prompt_ids(NUM_PROMPTS)
 
 
 @pytest.fixture(scope="module")

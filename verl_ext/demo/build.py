@@ -57,6 +57,7 @@ REQUIRED_FILES = (
 )
 
 ProfileName = Literal["full", "test"]
+EXTRA_SEED = 1234  # new task examples for DemoAssets.prompt_ids beyond the built prompts
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,10 @@ class BuildProfile:
 
 PROFILES: dict[str, BuildProfile] = {
     "full": BuildProfile(
-        train_prompts=64,
+        # 16 prompts, 2 steps an epoch: in the demo's 40 steps each prompt comes back 20 times, and GRPO's gain
+        # shows (measured: reward +0.17 from the first to the last quarter; with 64 prompts seen 5 times each,
+        # +0.04 within the step-to-step noise)
+        train_prompts=16,
         val_prompts=32,
         sft_examples=4000,
         vocab_size=768,
@@ -109,16 +113,19 @@ class DemoAssets:
     reward_name: str  # for reward.custom_reward_function.name
     report: dict[str, Any] = field(default_factory=dict, compare=False)  # contents of build.json
 
-    def train_prompt_ids(self, count: int) -> list[list[int]]:
-        """Token ids of the first `count` training prompts, as verl's dataset hands them to the rollout
-        (chat template with the generation prompt)."""
+    def prompt_ids(self, count: int) -> list[list[int]]:
+        """Token ids of `count` prompts of the task, as verl's dataset hands them to the rollout (chat template
+        with the generation prompt): the training prompts first, then the validation prompts, then new examples
+        (drawn with a fixed seed) for the rest."""
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
-        rows = pd.read_parquet(self.train_files)["prompt"].tolist()[:count]
+        messages = [list(m) for path in (self.train_files, self.val_files) for m in pd.read_parquet(path)["prompt"]]
+        if count > len(messages):
+            messages += [example.messages for example in task.make_examples(count - len(messages), seed=EXTRA_SEED)]
         return [
-            list(tokenizer.apply_chat_template(list(m), add_generation_prompt=True, tokenize=True, return_dict=False))
-            for m in rows
+            list(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False))
+            for m in messages[:count]
         ]
 
 
