@@ -10,10 +10,10 @@ from verl_ext import preflight
 from verl_ext.demo_resolver import register_demo_resolver
 
 
-def _config(data_dir, *overrides):
+def _config(data_dir, *overrides, recipe="demo_cpu"):
     register_demo_resolver()
     with initialize_config_module("verl_ext.recipes", version_base=None):
-        return compose("demo_cpu", overrides=[f"verl_ext.data_dir={data_dir}", *overrides])
+        return compose(recipe, overrides=[f"verl_ext.data_dir={data_dir}", *overrides])
 
 
 @pytest.mark.parametrize(
@@ -46,3 +46,11 @@ def test_one_response_per_prompt_with_the_shared_prefix_forward_is_explained(tmp
     with caplog.at_level(logging.WARNING, logger="verl_ext.preflight"):
         preflight.check_before_data(_config(tmp_path / "data", "actor_rollout_ref.rollout.n=1"))
     assert "no prefix to share" in caplog.text
+
+
+def test_full_determinism_on_cpu_vllm_is_refused(tmp_path):
+    # vLLM's CPU sampler cannot seed requests: the engine would die and verl resubmit the step without end
+    config = _config(tmp_path / "data", "actor_rollout_ref.rollout.full_determinism=true", recipe="demo_cpu_vllm")
+    with pytest.raises(preflight.ConfigError, match="rollout.name=hf"):
+        preflight.check_before_data(config)
+    preflight.check_before_data(_config(tmp_path / "data", recipe="demo_cpu_vllm"))  # control

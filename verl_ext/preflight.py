@@ -53,6 +53,7 @@ def check_before_data(config: DictConfig) -> None:
     _check_device(config.trainer.device)
     _check_booleans(config)
     _check_group_size(config.actor_rollout_ref)
+    _check_determinism(config)
     _check_speculation(config.actor_rollout_ref.rollout)
     _check_prefix_grouper(config.actor_rollout_ref)
     _check_sampler_poll(config.trainer)
@@ -106,6 +107,17 @@ def _check_group_size(arr) -> None:
     if n == 1 and arr.actor.get("use_prefix_grouper", False):
         logger.warning("actor_rollout_ref.rollout.n=1 with use_prefix_grouper=true: each prompt has one response, "
                        "so there is no prefix to share; the grouped forward computes what the standard one does.")
+
+
+def _check_determinism(config: DictConfig) -> None:
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.name == "vllm" and rollout.get("full_determinism") is True and config.trainer.device == "cpu":
+        # vLLM 0.24.0's CPU workers fail every seeded request ("CPU Generator does not use offset"), the engine
+        # dies, and verl's replay buffer resubmits the step's prompts without end
+        raise ConfigError(
+            "actor_rollout_ref.rollout.full_determinism=true needs seeded sampling, which vLLM's CPU backend "
+            "cannot do; for a deterministic run on CPU use actor_rollout_ref.rollout.name=hf (or run vLLM on GPU)."
+        )
 
 
 # Keys verl_ext reads under actor_rollout_ref.rollout.custom.

@@ -39,10 +39,11 @@ def test_three_grpo_steps_on_vllm_with_ngram_rl(demo_data_dir, tmp_path):
     assert steps[-1]["rollout/spec/cache_tokens"] > steps[0]["rollout/spec/cache_tokens"]
 
     # verl's checkpoint carries the history out of the vLLM engine as token lists (collective_rpc would have
-    # garbled numpy arrays), every response of the run in it: 3 steps x 64 rollouts (max 32 per prompt)
+    # garbled numpy arrays), every response of the run in it: 3 steps x 64 rollouts (max 32 per prompt) of the
+    # task's 16 prompts, each seen once in steps 1-2 and 8 of them again in step 3
     with open(checkpoints / f"global_step_{STEPS}" / "verl_ext_speculation" / "replica_0.pkl", "rb") as f:
         state = pickle.load(f)
     assert state["observed"] == STEPS * SAMPLES
     prompts = state["cache"]["prompts"]
-    assert len(prompts) == STEPS * 8 and all(len(starts) == 8 for _, _, starts in prompts)
+    assert sorted(len(starts) for _, _, starts in prompts) == [8] * 8 + [16] * 8
     assert all(isinstance(token, int) for _, tokens, _ in prompts for token in tokens)

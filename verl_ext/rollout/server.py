@@ -9,8 +9,6 @@ same lock as the decode loop, so they never land in the middle of a step.
 """
 
 import asyncio
-import collections
-import hashlib
 import logging
 import os
 import queue
@@ -24,6 +22,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from verl_ext.rollout.engine import HFGenerationEngine
 from verl_ext.rollout.model_loading import as_model_config, load_rollout_model, rollout_device, stop_token_ids
+from verl_ext.rollout.request_seeds import RequestSeeds
 from verl_ext.rollout.requests import GenerationRequest, GenerationResult, parse_sampling_params
 from verl_ext.rollout.speculator import build_speculator
 from verl_ext.rollout.trace import RolloutTrace
@@ -69,8 +68,7 @@ class HFRolloutServer:
         self._aborts_applied = 0  # abort_all_requests calls that have aborted the engine; under _lock
         self._aborts_issued = 0  # abort_all_requests calls made; event loop only
         self._open: set[asyncio.Future] = set()  # generate calls not yet returned; event loop only
-        # full_determinism: how many requests with the same id and prompt this step has had; event loop only
-        self._repeats: collections.Counter = collections.Counter()
+        self._seeds = RequestSeeds(config.seed)  # full_determinism; event loop only
         self._accepting = True
         self._busy_s = 0.0  # engine time (admission, prefill, decode) since the last rollout_metrics(); under _lock
         self._tokens = 0  # tokens of the requests finished since then; under _lock
@@ -149,7 +147,7 @@ class HFRolloutServer:
 
     async def set_global_steps(self, global_steps: int):
         self.global_steps = global_steps
-        self._repeats.clear()
+        self._seeds.new_step()
 
     async def wait_for_requests_to_drain(self):
         while self._open:
@@ -284,19 +282,12 @@ class HFRolloutServer:
         return max(1, min(self.config.response_length, budget))
 
     def _request_seed(self, explicit: Optional[int], request_id: str, prompt_ids: list[int]) -> Optional[int]:
-        """An explicit seed wins; under ``full_determinism`` derive one from the step, the request id, the prompt
-        and how many identical requests came before it this step. verl 0.9.1's v1 agent loop passes no priority,
-        so every request of a step is named ``det-0``: seeded by the id alone, a group's n samples would all be
-        the same response and GRPO would have no advantage to learn from."""
+        """An explicit seed wins; under ``full_determinism`` one of the request's own (rollout/request_seeds.py)."""
         if explicit is not None:
             return int(explicit)
         if not self.config.full_determinism:
             return None
-        key = (request_id, hashlib.blake2b(str(list(prompt_ids)).encode(), digest_size=8).hexdigest())
-        repeat = self._repeats[key]
-        self._repeats[key] += 1
-        text = f"{self.config.seed}:{self.global_steps}:{request_id}:{key[1]}:{repeat}"
-        return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+        return self._seeds.seed_for(self.global_steps, request_id, prompt_ids)
 
     def _extra_fields(self) -> dict[str, Any]:
         return {"global_steps": self.global_steps}

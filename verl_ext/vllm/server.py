@@ -4,7 +4,9 @@ Registered under ``rollout.name=vllm`` (``verl_ext.registration``); without spec
 verl's own. Through verl's subclass hooks, no patching:
 - ``_preprocess_engine_kwargs``: adds vLLM's ``speculative_config`` built from the settings (engine_args);
 - ``_get_worker_extension_cls``: verl's worker extension plus ours (worker_extension);
-- ``run_server``: once the engine is up, hands the ngram_rl proposer its model runner and settings.
+- ``run_server``: once the engine is up, hands the ngram_rl proposer its model runner and settings;
+- ``generate``: under ``rollout.full_determinism``, a seed of the request's own (rollout/request_seeds.py: verl
+  seeds every request alike, so a GRPO group's samples would be one response).
 Like verl_ext's HF server it answers ``rollout_metrics``, ``speculation_state`` and
 ``load_speculation_state`` for verl_ext's trainer. Loaded only when a vLLM rollout is built (imports vLLM).
 """
@@ -14,6 +16,7 @@ import functools
 import ray
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
 
+from verl_ext.rollout.request_seeds import RequestSeeds
 from verl_ext.rollout.speculator import build_speculation_config
 from verl_ext.speculation import SpecMetrics
 from verl_ext.vllm.engine_args import WORKER_EXTENSION, drafter_settings, vllm_speculative_config
@@ -51,6 +54,20 @@ class VerlExtvLLMServer(vLLMHttpServer):
 
     def _get_worker_extension_cls(self) -> str:
         return WORKER_EXTENSION
+
+    @functools.cached_property
+    def _request_seeds(self) -> RequestSeeds:
+        return RequestSeeds(self.config.seed + self.replica_rank)
+
+    async def generate(self, prompt_ids, sampling_params, request_id, *args, **kwargs):
+        if self.config.full_determinism and sampling_params.get("seed") is None:
+            seed = self._request_seeds.seed_for(self.global_steps, request_id, prompt_ids)
+            sampling_params = {**sampling_params, "seed": seed}
+        return await super().generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
+
+    async def set_global_steps(self, global_steps: int):
+        await super().set_global_steps(global_steps)
+        self._request_seeds.new_step()
 
     async def run_server(self, args):
         await super().run_server(args)
