@@ -1,12 +1,13 @@
 """The whole GRPO step as the trainer sees it: verl's own GRPO (`grpo_baseline`) against verl_ext (`demo_cpu`).
 
-    python benchmarks/e2e.py [--steps 40] [--out outputs/bench_e2e] [--reuse] [OVERRIDE ...]    (make bench-e2e)
+    python benchmarks/e2e.py [--steps 40] [--out outputs/bench_e2e] [--reuse] [--long] [OVERRIDE ...]   (make bench-e2e)
 
 Runs both recipes on the embedded default for the same steps, one after the other on this machine, and prints
 the means over the final 30% of steps from verl's metrics JSONL: step, rollout phase (timing_s/gen), the
 engine's busy time and tokens/s, the actor passes, and the rollout phase by where its time goes (engine
 prefill, decode and verification, drafting on the critical path, outside the engine: the server waiting for
-requests, verl's agent loop and the data's way back), with the ratio of the two runs.
+requests, verl's agent loop and the data's way back), with the ratio of the two runs. --long: the same on the
+long-answer task (demo_cpu_long against grpo_baseline on its data), where decoding dominates the rollout.
 """
 
 import argparse
@@ -17,6 +18,9 @@ from pathlib import Path
 
 FINAL_SHARE = 0.3
 RECIPES = ("grpo_baseline", "demo_cpu")
+LONG_RECIPES = ("grpo_baseline", "demo_cpu_long")
+# grpo_baseline on demo_cpu_long's task and lengths
+LONG_BASELINE = ["verl_ext.demo_profile=long", "data.max_prompt_length=640", "data.max_response_length=384"]
 ROWS = [  # (title, metric key)
     ("step", "timing_s/step"),
     ("gen (verl's rollout phase)", "timing_s/gen"),
@@ -51,13 +55,12 @@ def final_means(path: Path) -> dict[str, float]:
     return {key: sum(r.get(key, 0.0) for r in tail) / len(tail) for key in keys}
 
 
-def table(base: dict, ours: dict, steps: int) -> str:
+def table(base: dict, ours: dict, steps: int, ours_name: str = "demo_cpu") -> str:
     lines = [f"final {FINAL_SHARE:.0%} of {steps} steps (means)",
-             f"{'':<34}{'grpo_baseline':>14}{'demo_cpu':>10}{'ratio':>8}"]
+             f"{'':<34}{'grpo_baseline':>14}{ours_name:>14}{'ratio':>8}"]
     for title, key in ROWS:
         b, o = base.get(key), ours.get(key)
-        cells = [f"{v:>14.3f}" if i == 0 else f"{v:>10.3f}" if v is not None else f"{'-':>{14 if i == 0 else 10}}"
-                 for i, v in enumerate((b, o))]
+        cells = [f"{v:>14.3f}" if v is not None else f"{'-':>14}" for v in (b, o)]
         ratio = "" if not b or not o else f"{(o / b if key in SPEEDS else b / o):>7.2f}x"
         lines.append(f"{title:<34}{cells[0]}{cells[1]}{ratio:>8}")
     return "\n".join(lines)
@@ -68,14 +71,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--out", type=Path, default=Path("outputs/bench_e2e"))
     parser.add_argument("--reuse", action="store_true", help="reuse the runs already in --out")
+    parser.add_argument("--long", action="store_true", help="the long-answer task: grpo_baseline vs demo_cpu_long")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides given to both runs")
     args = parser.parse_args()
     out = args.out.resolve()
+    recipes = LONG_RECIPES if args.long else RECIPES
     if not args.reuse:
-        for recipe in RECIPES:
-            run(recipe, args.steps, out, args.overrides)
-    base, ours = (final_means(out / recipe / "metrics.jsonl") for recipe in RECIPES)
-    print("\n" + table(base, ours, args.steps))
+        for recipe in recipes:
+            baseline_extra = LONG_BASELINE if args.long and recipe == "grpo_baseline" else []
+            run(recipe, args.steps, out, baseline_extra + args.overrides)
+    base, ours = (final_means(out / recipe / "metrics.jsonl") for recipe in recipes)
+    print("\n" + table(base, ours, args.steps, recipes[1]))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ def _config(data_dir, *overrides, recipe="demo_cpu"):
         ("actor_rollout_ref.rollout.full_determinism=1", "full_determinism=1 is not a boolean"),
         ("actor_rollout_ref.rollout.free_cache_engine=on", "free_cache_engine='on' is not a boolean"),
         ("actor_rollout_ref.rollout.custom.speculation.draft_from_self=maybe", "draft_from_self='maybe'"),
+        ("verl_ext.demo_profile=huge", "demo_profile='huge' is not a build of the embedded default"),
         # rollout.n: an integer >= 1
         ("actor_rollout_ref.rollout.n=0", "rollout.n=0 is invalid"),
         ("actor_rollout_ref.rollout.n=-2", "rollout.n=-2 is invalid"),

@@ -51,6 +51,7 @@ def check(config: DictConfig) -> None:
 def check_before_data(config: DictConfig) -> None:
     """Every check that needs no built data, so a typo is reported in seconds, not after the build."""
     _check_device(config.trainer.device)
+    _check_demo_profile(config)
     _check_booleans(config)
     _check_group_size(config.actor_rollout_ref)
     _check_determinism(config)
@@ -58,6 +59,15 @@ def check_before_data(config: DictConfig) -> None:
     _check_prefix_grouper(config.actor_rollout_ref)
     _check_sampler_poll(config.trainer)
     check_paths(config, skip_built=True)
+
+
+def _check_demo_profile(config: DictConfig) -> None:
+    from verl_ext.demo.build import PROFILES
+
+    profile = OmegaConf.select(config, "verl_ext.demo_profile", default="full")
+    if profile not in PROFILES:
+        raise ConfigError(f"verl_ext.demo_profile={profile!r} is not a build of the embedded default; choose one of "
+                          f"{sorted(PROFILES)} (long: demo_cpu_long's answers of ~240 tokens).")
 
 
 # The user-facing paths, by key: the model directory and files.

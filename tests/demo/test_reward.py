@@ -80,3 +80,24 @@ def test_loads_by_file_path_as_verl_does():
     loaded = load_extern_object(module_path=reward.__file__, object_name="compute_score")
     assert loaded("verl_ext/json_records", TRUTH, TRUTH) == 1.0
     assert loaded("verl_ext/json_records", "garbage", TRUTH) == 0.0
+
+
+LIST_TRUTH = '[{"name": "alice", "age": 31}, {"city": "oslo", "active": true}]'
+
+
+def list_score(response: str) -> float:
+    return compute_score("verl_ext/json_records", response, LIST_TRUTH)
+
+
+def test_record_list_scores_by_record_position():
+    assert list_score(LIST_TRUTH) == 1.0
+    # valid JSON, not canonical: 0.8 x (record 1 all right + record 2 half right) / 2 records
+    assert list_score('[{"name": "alice", "age": 31}, {"city": "oslo", "active": false}]') == pytest.approx(0.6)
+    # a missing record costs its share; an extra one too
+    assert list_score('[{"name": "alice", "age": 31}]') == pytest.approx(0.4)
+    extra = '[{"name": "alice", "age": 31}, {"city": "oslo", "active": true}, {"id": 1}]'
+    assert list_score(extra) == pytest.approx(0.8 * 2 / 3)
+    # broken JSON: fragments of each object, by position, at 0.4
+    assert list_score('[{"name": "alice", "age": 31}, {"city": "oslo", "active": tru') == pytest.approx(0.4 * 1.5 / 2)
+    assert list_score('{"name": "alice", "age": 31}') == pytest.approx(0.4 * 1 / 2)  # an object, not an array
+    assert list_score("garbage") == 0.0

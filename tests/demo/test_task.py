@@ -60,3 +60,12 @@ def test_prompt_and_answer_token_lengths_in_range(full_tokenizer, full_splits):
     assert 200 <= min(prompt_lengths) and max(prompt_lengths) <= 350
     assert 15 <= min(answer_lengths) and max(answer_lengths) <= 50
     assert 20 <= statistics.fmean(answer_lengths) <= 40
+
+
+def test_record_list_is_the_records_as_one_canonical_array():
+    for example in task.make_examples(50, seed=5, kind="record_list"):
+        assert task.MIN_RECORDS <= len(example.records) <= task.MAX_RECORDS
+        assert json.loads(example.answer) == [dict(record.fields) for record in example.records]
+        assert compute_score(task.DATA_SOURCE, example.answer, example.answer) == 1.0
+        assert example.user_text.count("Record ") == len(example.records)
+    assert task.make_examples(5, seed=5, kind="record_list") == task.make_examples(5, seed=5, kind="record_list")

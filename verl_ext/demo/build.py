@@ -56,7 +56,7 @@ REQUIRED_FILES = (
     REPORT_NAME,
 )
 
-ProfileName = Literal["full", "test"]
+ProfileName = Literal["full", "test", "long"]
 EXTRA_SEED = 1234  # new task examples for DemoAssets.prompt_ids beyond the built prompts
 
 
@@ -72,6 +72,9 @@ class BuildProfile:
     sft: SFTConfig
     eval_samples: int  # answers sampled at temperature 1 to measure the start reward
     seed: int = 0
+    task: str = "record"  # what a prompt asks for: a key of task.DRAWS
+    init_from: str | None = None  # a profile whose model and tokenizer this build starts from (built first)
+    max_answer_tokens: int = 64  # sampling budget when measuring the start reward
 
 
 PROFILES: dict[str, BuildProfile] = {
@@ -95,6 +98,20 @@ PROFILES: dict[str, BuildProfile] = {
         shape=ModelShape(hidden_size=64, num_hidden_layers=2, intermediate_size=128),
         sft=SFTConfig(record_only_steps=4, full_prompt_steps=2, batch_size=4, warmup_steps=2),
         eval_samples=4,
+    ),
+    # demo_cpu_long: the same skill at answers of ~240 tokens (a JSON array of 6-10 records), so that decoding
+    # dominates the rollout as in real RL; the warm start continues from the full build's policy and tokenizer
+    "long": BuildProfile(
+        train_prompts=16,
+        val_prompts=8,
+        sft_examples=2000,
+        vocab_size=768,
+        shape=ModelShape(hidden_size=128, num_hidden_layers=2, intermediate_size=384),
+        sft=SFTConfig(record_only_steps=200, full_prompt_steps=100, batch_size=16, lr=1e-3),
+        eval_samples=32,
+        task="record_list",
+        init_from="full",
+        max_answer_tokens=384,
     ),
 }
 
@@ -147,7 +164,11 @@ def ensure_demo_assets(
 
 
 def _stamp(profile: ProfileName) -> dict[str, Any]:
-    settings = json.dumps(asdict(PROFILES[profile]), sort_keys=True, default=str)
+    settings: Any = asdict(PROFILES[profile])
+    base = PROFILES[profile].init_from
+    if base:  # a build that starts from another one is stale when that one is
+        settings = [settings, _stamp(base)]
+    settings = json.dumps(settings, sort_keys=True, default=str)
     return {
         "version": BUILD_VERSION,
         "profile": profile,
@@ -243,9 +264,11 @@ class TaskSplits:
 
 def make_splits(profile: BuildProfile) -> TaskSplits:
     """Disjoint warm-start, RL-train and validation examples, fixed by the profile's seed."""
-    sft_pool = task.make_examples(profile.sft_examples, seed=profile.seed + 1)
-    train = task.make_examples(profile.train_prompts, seed=profile.seed + 2, exclude=frozenset(sft_pool))
-    val = task.make_examples(profile.val_prompts, seed=profile.seed + 3, exclude=frozenset(sft_pool + train))
+    kind = profile.task
+    sft_pool = task.make_examples(profile.sft_examples, seed=profile.seed + 1, kind=kind)
+    train = task.make_examples(profile.train_prompts, seed=profile.seed + 2, exclude=frozenset(sft_pool), kind=kind)
+    val = task.make_examples(profile.val_prompts, seed=profile.seed + 3, exclude=frozenset(sft_pool + train),
+                             kind=kind)
     return TaskSplits(sft_pool, train, val)
 
 
@@ -258,15 +281,19 @@ def _build_into(folder: Path, profile_name: ProfileName) -> None:
     start = time.monotonic()
     splits = make_splits(profile)
     sft_pool, train, val = splits.sft_pool, splits.train, splits.val
-    tokenizer = make_tokenizer(profile, splits)
-    model = build_model(build_config(tokenizer, profile.shape), seed=profile.seed)
+    if profile.init_from:
+        tokenizer, model = _load_base(folder.parent, profile.init_from)
+    else:
+        tokenizer = make_tokenizer(profile, splits)
+        model = build_model(build_config(tokenizer, profile.shape), seed=profile.seed)
     logger.info("warm start: %d steps on %d examples", profile.sft.steps, len(sft_pool))
     sft_start = time.monotonic()
     losses = supervised_warm_start(model, tokenizer, sft_pool, profile.sft)
     sft_seconds = time.monotonic() - sft_start
 
     eval_prompts = (train * (profile.eval_samples // len(train) + 1))[: profile.eval_samples]
-    start_reward, sampled_lengths = mean_sampled_reward(model, tokenizer, eval_prompts, seed=profile.seed)
+    start_reward, sampled_lengths = mean_sampled_reward(model, tokenizer, eval_prompts, seed=profile.seed,
+                                                        max_new_tokens=profile.max_answer_tokens)
     logger.info("start reward at temperature 1: %.3f over %d samples", start_reward, len(eval_prompts))
 
     model_dir = folder / "model"
@@ -291,6 +318,15 @@ def _build_into(folder: Path, profile_name: ProfileName) -> None:
         "torch_threads": torch.get_num_threads(),
     }
     (folder / REPORT_NAME).write_text(json.dumps(report, indent=2))
+
+
+def _load_base(root: Path, profile: ProfileName):
+    """The tokenizer and policy of another profile's build (built first if needed), to continue from."""
+    from transformers import AutoModelForCausalLM
+
+    base = ensure_demo_assets(root, profile=profile)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(base.tokenizer_path)
+    return tokenizer, AutoModelForCausalLM.from_pretrained(base.model_path, dtype=torch.float32)
 
 
 def _summary(values: list[int]) -> dict[str, float]:

@@ -12,6 +12,9 @@ Scores, in [0, 1]:
     0.4 * fields      not valid JSON: fraction of `"key": value` fragments found verbatim
     0.0               none of the above (garbage, empty)
 where `fields` = matched fields / max(expected fields, fields written), so extra fields cost.
+For the long-answer variant (ground truth a JSON array of records) `fields` is the mean over record positions
+of each record's fraction, over max(expected records, records written): records are matched by position, so
+a missing or extra record costs one record's share.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ STOP_MARKERS = ("<|im_end|>", "<|endoftext|>", "<|im_start|>")
 
 # `"key": value` with a JSON scalar value (string without escapes, integer, true/false/null).
 _FRAGMENT = re.compile(r'"([^"\\]+)": ("[^"\\]*"|-?\d+|true|false|null)')
+# one object's text inside a broken array: braces with no braces inside
+_OBJECT = re.compile(r"\{[^{}]*\}?")
 
 
 def compute_score(
@@ -41,11 +46,26 @@ def compute_score(
     answer = strip_stop_text(solution_str)
     if answer == ground_truth:
         return FULL
-    expected: dict[str, Any] = json.loads(ground_truth)
+    expected = json.loads(ground_truth)
+    if isinstance(expected, list):
+        return _list_score(expected, answer)
     written = _parse_object(answer)
     if written is not None:
         return JSON_WEIGHT * _field_fraction(expected, written)
     return FRAGMENT_WEIGHT * _field_fraction(expected, _fragments(answer))
+
+
+def _list_score(expected: list[dict[str, Any]], answer: str) -> float:
+    written = _parse(answer)
+    if isinstance(written, list) and all(isinstance(record, dict) for record in written):
+        return JSON_WEIGHT * _records_fraction(expected, written)
+    return FRAGMENT_WEIGHT * _records_fraction(expected, [_fragments(text) for text in _OBJECT.findall(answer)])
+
+
+def _records_fraction(expected: list[dict[str, Any]], written: list[dict[str, Any]]) -> float:
+    denominator = max(len(expected), len(written))
+    matched = sum(_field_fraction(e, w) for e, w in zip(expected, written))
+    return matched / denominator if denominator else 0.0
 
 
 def strip_stop_text(solution_str: str) -> str:
@@ -55,11 +75,15 @@ def strip_stop_text(solution_str: str) -> str:
     return solution_str.strip()
 
 
-def _parse_object(text: str) -> dict[str, Any] | None:
+def _parse(text: str) -> Any:
     try:
-        value = json.loads(text)
+        return json.loads(text)
     except ValueError:
         return None
+
+
+def _parse_object(text: str) -> dict[str, Any] | None:
+    value = _parse(text)
     return value if isinstance(value, dict) else None
 
 

@@ -111,6 +111,56 @@ class Example:
         return canonical_json(dict(self.fields))
 
 
+LIST_HEADER = """You turn a list of records into one JSON array of objects, one object per record, in order.
+
+Rules:
+1. Write one JSON array on one line and nothing else.
+2. Write each record as one JSON object: every field of the record, in the same order, and no other field.
+3. Keys and text values are written in double quotes, exactly as given.
+4. Numbers are written without quotes.
+5. The words yes and no become true and false, without quotes.
+6. Put a colon and a space after each key, and a comma and a space between fields and between objects.
+
+Example
+Records:
+Record 1:
+- name: grace
+- age: 42
+Record 2:
+- city: new york
+- verified: yes
+Answer:
+[{"name": "grace", "age": 42}, {"city": "new york", "verified": true}]
+
+Now do the same for the records below. Answer with the JSON array only."""
+MIN_RECORDS, MAX_RECORDS = 6, 10
+
+
+@dataclass(frozen=True)
+class RecordList:
+    """The long-answer variant (demo_cpu_long): several records, answered as one JSON array (~170-290 tokens)."""
+
+    records: tuple[Example, ...]
+
+    @property
+    def user_text(self) -> str:
+        parts = [f"Record {i}:\n" + example.user_text.removeprefix("Record:\n") for i, example in
+                 enumerate(self.records, 1)]
+        return "Records:\n" + "\n".join(parts)
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        return [{"role": "system", "content": LIST_HEADER}, {"role": "user", "content": self.user_text}]
+
+    @property
+    def record_only_messages(self) -> list[dict[str, str]]:
+        return self.messages[1:]
+
+    @property
+    def answer(self) -> str:
+        return json.dumps([dict(example.fields) for example in self.records], ensure_ascii=True)
+
+
 def canonical_json(record: dict[str, Value]) -> str:
     """The only text that earns full credit."""
     return json.dumps(record, ensure_ascii=True)
@@ -135,13 +185,21 @@ def random_example(rng: random.Random) -> Example:
     return Example(tuple((key, _draw_value(rng, key)) for key in keys))
 
 
-def make_examples(n: int, seed: int, *, exclude: frozenset[Example] = frozenset()) -> list[Example]:
-    """`n` distinct examples, the same for the same seed, none of them in `exclude`."""
+def random_record_list(rng: random.Random) -> RecordList:
+    return RecordList(tuple(random_example(rng) for _ in range(rng.randint(MIN_RECORDS, MAX_RECORDS))))
+
+
+# the task's variants, by build profile: what one prompt asks for
+DRAWS = {"record": random_example, "record_list": random_record_list}
+
+
+def make_examples(n: int, seed: int, *, exclude: frozenset = frozenset(), kind: str = "record") -> list:
+    """`n` distinct examples of `kind` (a key of DRAWS), the same for the same seed, none of them in `exclude`."""
     rng = random.Random(seed)
     seen = set(exclude)
-    examples: list[Example] = []
+    examples: list = []
     while len(examples) < n:
-        example = random_example(rng)
+        example = DRAWS[kind](rng)
         if example not in seen:
             seen.add(example)
             examples.append(example)
