@@ -20,6 +20,11 @@ def test_recipe_is_valid(recipe, demo_data_dir):
     register_demo_resolver()
     with initialize_config_module("verl_ext.recipes", version_base=None):
         config = compose(recipe, overrides=[f"verl_ext.data_dir={demo_data_dir}"])
+    preflight.check_before_data(config)
+    if config.verl_ext.demo_profile != "full":
+        # resolved on the full build: another build here would add minutes to CI (tests/demo/test_build.py builds
+        # a profile that continues from another, at test size)
+        config.verl_ext.demo_profile = "full"
     OmegaConf.resolve(config)
     preflight.check(config)
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
@@ -30,4 +35,4 @@ def test_recipe_is_valid(recipe, demo_data_dir):
 
 
 def test_recipes_exist():
-    assert {"demo_cpu", "grpo_baseline"} <= set(preflight.available_recipes())
+    assert {"demo_cpu", "demo_cpu_long", "grpo_baseline"} <= set(preflight.available_recipes())

@@ -8,6 +8,7 @@ import sys
 import textwrap
 import time
 
+import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
@@ -164,3 +165,28 @@ def test_cli_reports_errors_in_one_line(tmp_path, capsys):
     assert build.main(["--data-dir", str(blocker), "--profile", "test"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err
+
+
+def test_a_build_can_continue_from_another(test_assets, monkeypatch):
+    """The long profile's mechanics at test size: the record-list task, warm-started from the test build's policy
+    and tokenizer, and stale when that build is."""
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    long = replace(build.PROFILES["long"], train_prompts=4, val_prompts=2, sft_examples=20,
+                   shape=build.PROFILES["test"].shape, eval_samples=2, max_answer_tokens=8,
+                   sft=build.SFTConfig(record_only_steps=1, full_prompt_steps=1, batch_size=2, warmup_steps=1),
+                   init_from="test")
+    monkeypatch.setitem(build.PROFILES, "test_long", long)
+    data_dir = test_assets.model_path.parent.parent
+    assets = ensure_demo_assets(data_dir, profile="test_long")
+    assert (assets.model_path / "tokenizer.json").read_text() == (test_assets.model_path / "tokenizer.json").read_text()
+    base, tuned = load_file(test_assets.model_path / "model.safetensors"), load_file(assets.model_path / "model.safetensors")
+    assert set(base) == set(tuned) and any(not (base[k] == tuned[k]).all() for k in base)  # continued, then trained
+    row = pd.read_parquet(assets.train_files).iloc[0]
+    assert row["prompt"][0]["content"] == task.LIST_HEADER
+    assert isinstance(json.loads(row["reward_model"]["ground_truth"]), list)
+    stamp = build._stamp("test_long")
+    monkeypatch.setitem(build.PROFILES, "test", replace(build.PROFILES["test"], seed=1))
+    assert build._stamp("test_long") != stamp  # a changed base makes this build stale

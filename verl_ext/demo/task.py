@@ -99,7 +99,7 @@ class Example:
 
     @property
     def messages(self) -> list[dict[str, str]]:
-        return [{"role": "system", "content": HEADER}, {"role": "user", "content": self.user_text}]
+        return chat(HEADER, self.user_text)
 
     @property
     def record_only_messages(self) -> list[dict[str, str]]:
@@ -150,15 +150,18 @@ class RecordList:
 
     @property
     def messages(self) -> list[dict[str, str]]:
-        return [{"role": "system", "content": LIST_HEADER}, {"role": "user", "content": self.user_text}]
+        return chat(LIST_HEADER, self.user_text)
 
-    @property
-    def record_only_messages(self) -> list[dict[str, str]]:
-        return self.messages[1:]
+    record_only_messages = Example.record_only_messages
 
     @property
     def answer(self) -> str:
         return json.dumps([dict(example.fields) for example in self.records], ensure_ascii=True)
+
+
+def chat(header: str, user_text: str) -> list[dict[str, str]]:
+    """The prompt as chat messages: the shared header as the system turn, the record(s) as the user's."""
+    return [{"role": "system", "content": header}, {"role": "user", "content": user_text}]
 
 
 def canonical_json(record: dict[str, Value]) -> str:
