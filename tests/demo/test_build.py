@@ -187,6 +187,9 @@ def test_a_build_can_continue_from_another(test_assets, monkeypatch):
     row = pd.read_parquet(assets.train_files).iloc[0]
     assert row["prompt"][0]["content"] == task.LIST_HEADER
     assert isinstance(json.loads(row["reward_model"]["ground_truth"]), list)
+    tokenizer = AutoTokenizer.from_pretrained(assets.tokenizer_path)
+    beyond_the_built = assets.prompt_ids(8)[6:]  # 4 train + 2 val prompts, then new examples of the same task
+    assert all("Records:" in tokenizer.decode(ids) for ids in beyond_the_built)
     stamp = build._stamp("test_long")
     monkeypatch.setitem(build.PROFILES, "test", replace(build.PROFILES["test"], seed=1))
     assert build._stamp("test_long") != stamp  # a changed base makes this build stale

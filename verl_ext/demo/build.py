@@ -139,7 +139,9 @@ class DemoAssets:
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         messages = [list(m) for path in (self.train_files, self.val_files) for m in pd.read_parquet(path)["prompt"]]
         if count > len(messages):
-            messages += [example.messages for example in task.make_examples(count - len(messages), seed=EXTRA_SEED)]
+            kind = PROFILES[self.report.get("profile", "full")].task  # build.json names the profile
+            extra = task.make_examples(count - len(messages), seed=EXTRA_SEED, kind=kind)
+            messages += [example.messages for example in extra]
         return [
             list(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False))
             for m in messages[:count]
