@@ -6,15 +6,20 @@ import subprocess
 import pytest
 from verl_ext_testing import REPO, main_command
 
+from verl_ext.speculation.state_files import load_states
+
 
 def test_two_grpo_steps(demo_data_dir, tmp_path):
     report_dir = tmp_path / "report"
     command = main_command(
-        "trainer.total_training_steps=2", f"verl_ext.data_dir={demo_data_dir}", f"verl_ext.report_dir={report_dir}"
+        "trainer.total_training_steps=2", f"verl_ext.data_dir={demo_data_dir}", f"verl_ext.report_dir={report_dir}",
+        "trainer.save_freq=2", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
     )
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "steps: 2" in result.stdout and (report_dir / "steps.png").stat().st_size > 0
+    # the checkpoint's drafter history, written with its manifest, reads back
+    assert load_states(str(tmp_path / "ckpt" / "global_step_2" / "verl_ext_speculation"), replicas=1)[0]["drafter"]
     steps = [json.loads(line)["data"] for line in (report_dir / "metrics.jsonl").read_text().splitlines()]
     for metrics in steps:
         # the HF rollout got the actor's weights and reports the actor's own (temperature-scaled) log-probs

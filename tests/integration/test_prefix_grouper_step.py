@@ -18,8 +18,6 @@ import torch
 from safetensors.torch import load_file
 from verl_ext_testing import REPO, main_command
 
-from verl_ext.speculation.state_files import load_states
-
 FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 LR = 2e-4  # demo_cpu's actor.optim.lr
 REWARD = '''
@@ -55,8 +53,8 @@ def run_step(assets, out, use_prefix_grouper: bool) -> tuple[dict, dict]:
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["data"]
-    # the checkpoint's drafter history, written with its manifest, reads back
-    assert load_states(str(out / "ckpt" / "global_step_1" / "verl_ext_speculation"), replicas=1)[0]["drafter"]
+    # full_determinism turns speculation off (its drafts follow how requests arrive): no drafter history to save
+    assert not (out / "ckpt" / "global_step_1" / "verl_ext_speculation").exists()
     weights = load_file(out / "ckpt" / "global_step_1" / "actor" / "huggingface" / "model.safetensors")
     return metrics, weights
 

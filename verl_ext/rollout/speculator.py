@@ -7,10 +7,11 @@ from verl_ext.speculation import SpeculationConfig, Speculator
 
 logger = logging.getLogger(__name__)
 
-# Under rollout.full_determinism each request samples from its own seed, and how many random draws a step takes
-# follows the length of its draft, so drafts must not depend on how requests arrive. These sources read other
-# requests' progress (outputs still growing, responses of other prompts finishing), so they are off there.
-_ARRIVAL_DEPENDENT_SOURCES = ("draft_from_siblings", "draft_from_global")
+# Under rollout.full_determinism each request samples from its own seed, and how many random draws it takes
+# follows the lengths of its drafts. Every source but the request's own context reads other requests' progress
+# within the step (the prompt's history takes in siblings as they finish; siblings in flight; other prompts'
+# responses), which follows how requests arrive, so a rerun would sample other tokens: speculation is off there.
+# (A verifier coupled to plain sampling through per-position noise would lift this.)
 
 
 def _get(rollout_config, key: str):
@@ -32,10 +33,10 @@ def build_speculation_config(rollout_config) -> Optional[SpeculationConfig]:
             f"unknown rollout.custom.speculation settings {sorted(unknown)}; "
             f"known: {sorted(SpeculationConfig.__dataclass_fields__)}."
         )
-    if _get(rollout_config, "full_determinism") and any(settings.get(k, True) for k in _ARRIVAL_DEPENDENT_SOURCES):
-        logger.warning("rollout.full_determinism: speculation's %s are off (they depend on how requests arrive, "
-                       "and a seeded request's tokens depend on its drafts)", ", ".join(_ARRIVAL_DEPENDENT_SOURCES))
-        settings.update(dict.fromkeys(_ARRIVAL_DEPENDENT_SOURCES, False))
+    if _get(rollout_config, "full_determinism") and settings.get("method", "ngram_rl") != "none":
+        logger.warning("rollout.full_determinism: speculation is off (a seeded request's tokens follow its drafts, "
+                       "and drafts follow how the step's requests arrive); rollouts repeat, without its speed-up")
+        settings["method"] = "none"
     if "verify_cost_table" in settings:
         settings["verify_cost_table"] = tuple(tuple(row) for row in settings["verify_cost_table"])
     config = SpeculationConfig(**settings)

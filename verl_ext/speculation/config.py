@@ -33,7 +33,7 @@ class SpeculationConfig:
     # ngram_rl's fallback sources, for contexts the prompt's own history does not match (its first visit above
     # all): the outputs of its samples still generating, the request's own prompt and output, and all prompts'
     # recent responses (at most global_max_tokens tokens, oldest dropped first). drafters/ngram_rl.py.
-    # rollout.full_determinism turns siblings and global off (rollout/speculator.py says why).
+    # rollout.full_determinism turns speculation off (rollout/speculator.py says why).
     draft_from_siblings: bool = True
     draft_from_self: bool = True
     draft_from_global: bool = True
