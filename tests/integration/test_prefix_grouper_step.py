@@ -63,7 +63,9 @@ def test_one_grpo_step_equal_with_and_without_prefix_grouper(assets, tmp_path):
     off, w_off = run_step(assets, tmp_path / "off", use_prefix_grouper=False)
     on, w_on = run_step(assets, tmp_path / "on", use_prefix_grouper=True)
     assert on["response_length/mean"] == off["response_length/mean"]  # the same rollouts
-    assert on["critic/score/mean"] == off["critic/score/mean"]
+    # the same responses per group; which sample of a group draws which seed follows arrival order, so the batch
+    # order within a group, and the last bits of its float sums, may differ
+    assert on["critic/score/mean"] == pytest.approx(off["critic/score/mean"], rel=1e-6)
     assert off["actor/grad_norm"] > 0 and off["actor/pg_loss"] != 0  # not a vacuous comparison
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/entropy_loss", "actor/kl_loss"):
         assert on[key] == pytest.approx(off[key], rel=1e-5, abs=1e-7), key
