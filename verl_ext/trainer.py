@@ -17,6 +17,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from verl_ext.grouping import balance_groups, uid_groups
+from verl_ext.rollout.health import dead_servers, replica_died_error
 from verl_ext.rollout.speculator import build_speculation_config
 from verl_ext.speculation import state_files
 from verl_ext.workers import ActorRolloutRefWorker, TrainingWorker
@@ -39,6 +40,28 @@ class VerlExtTrainer(PPOTrainerSync):
         super().__init__(*args, **kwargs)
         self._prompt_position: dict[str, int] = {}  # uid -> order in which the dataloader produced it
         self._prompt_counter = itertools.count()
+
+    # verl 0.9.1 (trainer/ppo/v1/trainer_base.py) keeps its trainer's registry name in ``self.trainer_mode`` and
+    # runs sync semantics only where that name is "sync": any other name gets the async replay buffer (which
+    # refills failed prompt groups forever when a rollout server dies), one-prompt dataloader fetches and
+    # TransferQueue checkpoints. This trainer is verl's sync trainer under its own name.
+    @property
+    def trainer_mode(self) -> str:
+        return "sync"
+
+    @trainer_mode.setter
+    def trainer_mode(self, name: str) -> None:
+        assert name == TRAINER_MODE, name  # verl assigns the registry name this class was looked up by
+
+    def step(self, metrics, timing_raw):
+        """verl's step; when it fails, a dead rollout server is named as the cause."""
+        try:
+            return super().step(metrics, timing_raw)
+        except Exception as error:
+            dead = dead_servers(self.llm_server_manager.get_replicas())
+            if dead:
+                raise replica_died_error(dead, self.global_steps) from error
+            raise
 
     def _build_replay_buffer(self):
         # verl polls its replay buffer every 2 s while a step's rollouts finish: on a small job that rounds every
