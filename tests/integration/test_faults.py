@@ -1,0 +1,125 @@
+"""Faults on a real local Ray cluster, through `python -m verl_ext.main` on the embedded default.
+
+- A rollout server process killed in the middle of a step: the run stops, within a bounded time, with an error
+  naming the replica and the cause (verl's agent loop alone would log one error per request, and its async
+  replay buffer would resubmit the failed prompts forever).
+- The same run resumed from its last checkpoint: the step counter goes on, and the first resumed step drafts
+  from the saved history of the prompts it has seen (16 training prompts, 8 a step: step 3 revisits step 1's).
+- A run stopped after a checkpoint and resumed, under full_determinism: the resumed step trains on the same
+  prompts and reaches the same weights as the uninterrupted run's.
+"""
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+from verl_ext_testing import REPO, main_command
+
+pytestmark = pytest.mark.ray
+
+STOP_WITHIN_S = 120  # from the kill to the run's exit
+STEP_LINE = re.compile(r"\s*(\d+)\s+[0-9.]+\s+[0-9.]+\s")  # the step table's rows: step, reward, length, ...
+
+
+def _overrides(demo_data_dir: Path, out: Path, steps: int, *extra: str) -> list[str]:
+    return [f"trainer.total_training_steps={steps}", f"verl_ext.data_dir={demo_data_dir}",
+            f"verl_ext.report_dir={out / 'report'}", "trainer.save_freq=1",
+            f"trainer.default_local_dir={out / 'ckpt'}", *extra]
+
+
+def _metrics(out: Path) -> dict[int, dict]:
+    lines = (out / "report" / "metrics.jsonl").read_text().splitlines()
+    return {record["step"]: record["data"] for record in map(json.loads, lines)}
+
+
+def _run(command: list[str]) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def _run_and_kill_rollout_server(command: list[str], after_step: int) -> tuple[int, str, float]:
+    """Starts the run; once the step table shows `after_step`, SIGKILLs the HF rollout server's process (the
+    run's own: a descendant of it). Returns the exit code, the output, and the seconds from the kill to exit."""
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(run.stdout), daemon=True)
+    reader.start()
+    killed_at = None
+    try:
+        deadline = time.time() + 600
+        while run.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+            if killed_at is None and any((m := STEP_LINE.match(line)) and int(m[1]) == after_step
+                                         for line in list(lines)):
+                servers = [p for p in psutil.Process(run.pid).children(recursive=True)
+                           if "ray::HFRolloutServer" in " ".join(p.cmdline())]
+                assert len(servers) == 1, servers
+                servers[0].send_signal(signal.SIGKILL)
+                killed_at = time.time()
+            if killed_at is not None and time.time() - killed_at > STOP_WITHIN_S:
+                break
+    finally:
+        if run.poll() is None:
+            run.kill()
+        run.wait()
+        reader.join(timeout=30)
+    assert killed_at is not None, "".join(lines)[-3000:]
+    return run.returncode, "".join(lines), time.time() - killed_at
+
+
+def test_killed_rollout_server_stops_the_run_and_the_run_resumes(demo_data_dir, tmp_path):
+    command = main_command(*_overrides(demo_data_dir, tmp_path, steps=3))
+    returncode, output, stop_s = _run_and_kill_rollout_server(command, after_step=2)
+    assert returncode != 0 and stop_s < STOP_WITHIN_S, f"still running {stop_s:.0f}s after the kill"
+    error = next((line for line in output.splitlines() if "RolloutReplicaDied:" in line), None)
+    assert error is not None and "training step 3 stopped because a rollout server died" in error, output[-4000:]
+    cause = output[output.index(error):]
+    assert "rollout replica 0" in cause and "HFRolloutServer" in cause and "worker process has died" in cause
+    before = _metrics(tmp_path)
+    assert sorted(before) == [1, 2]
+
+    # resumed (trainer.resume_mode=auto) from step 2's checkpoint; it runs step 3
+    shutil.rmtree(tmp_path / "report")
+    _run(command)
+    after = _metrics(tmp_path)
+    assert sorted(after) == [3]
+    acceptance = {1: before[1], 2: before[2], 3: after[3]}
+    acceptance = {step: m["rollout/spec/accepted_tokens_per_forward"] for step, m in acceptance.items()}
+    # step 1 drafted cold (siblings only); step 3 revisits step 1's prompts with their saved responses
+    assert acceptance[3] >= 1.3 * acceptance[1], acceptance
+
+
+def test_resumed_run_equals_the_uninterrupted_one(demo_data_dir, tmp_path):
+    steps = 3  # 16 prompts, 8 a step: step 3 opens the second epoch, so the dataloader's state must carry over
+    extra = ("actor_rollout_ref.rollout.full_determinism=true", "actor_rollout_ref.actor.checkpoint.save_contents="
+             "[model,optimizer,extra,hf_model]", "trainer.rollout_data_dir=${trainer.default_local_dir}/rollouts")
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    _run(main_command(*_overrides(demo_data_dir, whole, steps, *extra)))
+    (resumed / "ckpt").mkdir(parents=True)
+    shutil.copytree(whole / "ckpt" / "global_step_2", resumed / "ckpt" / "global_step_2")
+    (resumed / "ckpt" / "latest_checkpointed_iteration.txt").write_text("2")
+    _run(main_command(*_overrides(demo_data_dir, resumed, steps, *extra)))
+
+    a, b = _metrics(whole)[3], _metrics(resumed)
+    assert sorted(b) == [3]
+    b = b[3]
+    prompts = [sorted(json.loads(line)["input"] for line in (out / "ckpt" / "rollouts" / "3.jsonl").open())
+               for out in (whole, resumed)]
+    assert prompts[0] == prompts[1], "the resumed step trained on other prompts"
+    assert a["response_length/mean"] == b["response_length/mean"]
+    for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/kl_loss"):
+        assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+    weights = [load_file(out / "ckpt" / "global_step_3" / "actor" / "huggingface" / "model.safetensors")
+               for out in (whole, resumed)]
+    for name, tensor in weights[0].items():
+        torch.testing.assert_close(weights[1][name], tensor, rtol=1e-5, atol=1e-6, msg=name)
