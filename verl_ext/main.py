@@ -14,7 +14,7 @@ from typing import Optional
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from verl_ext import preflight, report
+from verl_ext import compat, preflight, report
 from verl_ext.demo_resolver import register_demo_resolver
 
 DEFAULT_RECIPE = "demo_cpu"
@@ -70,6 +70,10 @@ def _hydra_main(config: DictConfig) -> None:
 
 
 def main() -> None:
+    try:
+        compat.require_version("verl")  # verl_ext reaches verl's private names (verl_ext.compat.verl)
+    except compat.UncheckedVersion as error:
+        sys.exit(f"verl_ext: {error}")
     register_demo_resolver()
     preflight.check_recipe_name(sys.argv[1:])
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")

@@ -106,7 +106,9 @@ class VerlExtTrainer(PPOTrainerSync):
         batch = super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)
         if not self.config.actor_rollout_ref.actor.get("use_prefix_grouper", False):
             return batch
-        dp_size = max(self.actor_rollout_wg._dispatch_info["actor"]) + 1
+        from verl_ext.compat.verl import data_parallel_size
+
+        dp_size = data_parallel_size(self.actor_rollout_wg, "actor")
         uids = [key.rsplit("_", 2)[0] for key in batch.keys]  # keys are {uid}_{session_id}_{index}
         groups = uid_groups(uids, [t["prompt_len"] for t in batch.tags], [t["response_len"] for t in batch.tags])
         ranks = balance_groups(groups, dp_size, self._update_mini_batches(len(batch), dp_size))

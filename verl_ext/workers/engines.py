@@ -1,29 +1,22 @@
-"""Training-engine registrations for the CPU platform (verl 0.9.1 registers its FSDP engines for cuda/npu only)."""
+"""Training-engine registrations for the CPU platform (verl 0.9.1 registers its FSDP engines for cuda/npu only).
+
+verl offloads a forward-only (reference) model to host memory with pinned pages; on CPU the model already lives
+in host memory and pinning needs an accelerator, so the CPU engines are built without that offload.
+"""
 
 from verl.workers.engine import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
+from verl_ext.compat.verl import NoHostOffload, registered_engines
+
 _FSDP_BACKENDS = ["fsdp", "fsdp2"]
 
 
-class _NoHostOffloadOnCPU:
-    """verl offloads a forward-only (reference) model to host memory with pinned pages; on CPU the model already
-    lives in host memory and pinning needs an accelerator, so the engine is built without that offload."""
-
-    def _build_fsdp_module(self, module):
-        forward_only = self.engine_config.forward_only
-        self.engine_config.forward_only = False  # read here only to choose the offload policy
-        try:
-            return super()._build_fsdp_module(module)
-        finally:
-            self.engine_config.forward_only = forward_only
-
-
-class CPUFSDPEngineWithLMHead(_NoHostOffloadOnCPU, FSDPEngineWithLMHead):
+class CPUFSDPEngineWithLMHead(NoHostOffload, FSDPEngineWithLMHead):
     pass
 
 
-class CPUFSDPEngineWithValueHead(_NoHostOffloadOnCPU, FSDPEngineWithValueHead):
+class CPUFSDPEngineWithValueHead(NoHostOffload, FSDPEngineWithValueHead):
     pass
 
 
@@ -33,7 +26,7 @@ def register_cpu_engines() -> None:
         ("language_model", CPUFSDPEngineWithLMHead),
         ("value_model", CPUFSDPEngineWithValueHead),
     ):
-        registered = EngineRegistry._engines.get(model_type, {})
+        registered = registered_engines(model_type)
         if all("cpu" in registered.get(backend, {}) for backend in _FSDP_BACKENDS):
             continue
         EngineRegistry.register(model_type=model_type, backend=_FSDP_BACKENDS, device="cpu")(engine_cls)

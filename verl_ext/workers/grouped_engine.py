@@ -25,14 +25,11 @@ from verl.utils.model import extract_multi_modal_inputs
 from verl.utils.seqlen_balancing import restore_dynamic_batch
 from verl.utils.torch_functional import logprobs_from_logits
 from verl.workers.engine import EngineRegistry
-from verl.workers.engine.fsdp.transformer_impl import (
-    FSDPEngineWithLMHead,
-    _is_scalar_unit_temperature,
-    _scale_logits_by_temperature,
-)
-from verl.workers.engine.utils import detach_tree, postprocess_batch_func
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+from verl.workers.engine.utils import detach_tree
 
 from verl_ext.attention import META_KWARG, grouped_attention_mode, response_predictions
+from verl_ext.compat import verl as verl_compat
 from verl_ext.grouping import grouped_tokens, grouped_workload, plan_micro_batches, stream_tokens
 from verl_ext.workers.engines import CPUFSDPEngineWithLMHead
 from verl_ext.workers.grouped_config import GROUPED_BACKENDS, GroupedFSDPEngineConfig
@@ -60,33 +57,11 @@ class _GroupedForward:
     # ---- micro-batches -----------------------------------------------------------------------------
 
     def forward_backward_batch(self, data: TensorDict, loss_function, forward_only=False):
-        """verl 0.9.1's FSDPEngine.forward_backward_batch with group-aware micro-batches."""
-        tu.assign_non_tensor(data, sp_size=self.ulysses_sequence_parallel_size)
-        return_model_output = tu.get_non_tensor_data(data=data, key="return_model_output", default=False)
-        batch_num_tokens = data["loss_mask"].sum().to(get_device_id())
-        dp_group = self.get_data_parallel_group()
-        torch.distributed.all_reduce(batch_num_tokens, op=torch.distributed.ReduceOp.SUM, group=dp_group)
-        tu.assign_non_tensor(data, batch_num_tokens=batch_num_tokens.item(), dp_size=self.get_data_parallel_size())
-
+        """verl 0.9.1's FSDPEngine.forward_backward_batch (verl_ext.compat.verl) with group-aware micro-batches."""
         groups = sample_tokens(data).plan.groups
         indices = self._plan_micro_batches(data, groups)
-        micro_batches = [tu.index_select_tensor_dict(data, part) for part in indices]
-        output_lst = []
-        grad_ctx = torch.no_grad() if forward_only else nullcontext()
-        scaler = getattr(self, "scaler", None)
         with grouped_attention_mode(self.module):  # held through backward: checkpointed layers recompute grouped
-            for i, micro_batch in enumerate(micro_batches):
-                last = i == len(micro_batches) - 1
-                sync_ctx = nullcontext() if forward_only else self._gradient_sync_context(is_last_micro_batch=last)
-                with grad_ctx, sync_ctx, torch.profiler.record_function(f"micro_batch{i}"):
-                    loss, meta_info = self.forward_step(micro_batch, loss_function=loss_function, forward_only=forward_only)
-                    if not forward_only:
-                        (scaler.scale(loss) if scaler is not None else loss).backward()
-                        if not return_model_output:
-                            meta_info.pop("model_output", None)
-                output_lst.append(meta_info)
-
-        output = postprocess_batch_func(output_lst=output_lst, indices=indices, data=data)
+            output = verl_compat.forward_backward_batch(self, data, loss_function, forward_only, indices)
         if not tu.get_non_tensor_data(data=data, key="use_dynamic_bsz", default=True):
             # verl restores the sample order only after dynamic batching; ours reorders in both modes
             output["model_output"] = {k: restore_dynamic_batch(v, indices) for k, v in output["model_output"].items()}
@@ -128,7 +103,7 @@ class _GroupedForward:
 
     def _autocast(self):
         """As verl's forward_step: autocast to the FSDP param dtype, none for fp32."""
-        dtype = getattr(self, "_autocast_dtype", torch.bfloat16)
+        dtype = verl_compat.autocast_dtype(self)
         return nullcontext() if dtype == torch.float32 else torch.autocast(device_type=get_device_name(), dtype=dtype)
 
     def _response_outputs(self, logits, inputs: GroupedInputs, micro_batch, use_remove_padding: bool) -> dict:
@@ -136,8 +111,8 @@ class _GroupedForward:
         if isinstance(logits, DTensor):
             logits = logits.full_tensor()
         rows = response_predictions(logits, inputs.batch)  # [R, V]
-        unit = _is_scalar_unit_temperature(micro_batch["temperature"])
-        rows = _scale_logits_by_temperature(rows, inputs.row_temperature, is_unit_temperature=unit)
+        unit = verl_compat.is_scalar_unit_temperature(micro_batch["temperature"])
+        rows = verl_compat.scale_logits_by_temperature(rows, inputs.row_temperature, is_unit_temperature=unit)
         calculate_entropy = tu.get_non_tensor_data(data=micro_batch, key="calculate_entropy", default=False)
         # rows feed both entropy and log-probs: no in-place backward then (verl's packed path does the same)
         log_probs = logprobs_from_logits(logits=rows, labels=inputs.targets, inplace_backward=not calculate_entropy)
@@ -198,7 +173,7 @@ class CPUGroupedFSDPEngineWithLMHead(_GroupedForward, CPUFSDPEngineWithLMHead):
 
 def register_grouped_engines() -> None:
     """Make the grouped backends selectable on cuda and cpu. Idempotent."""
-    registered = EngineRegistry._engines.get("language_model", {})
+    registered = verl_compat.registered_engines("language_model")
     for device, engine_cls in (("cuda", GroupedFSDPEngineWithLMHead), ("cpu", CPUGroupedFSDPEngineWithLMHead)):
         missing = [b for b in GROUPED_BACKENDS.values() if device not in registered.get(b, {})]
         if missing:

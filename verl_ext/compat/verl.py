@@ -1,0 +1,191 @@
+"""verl's private names that verl_ext relies on, and the function it copies, checked against verl 0.9.1.
+
+Each entry names the file of verl's package it mirrors. Importing this module refuses any other verl first
+(``verl_ext.compat.require_version``), before it reaches a name that may have changed.
+"""
+
+from verl_ext.compat import require_version
+
+require_version("verl")  # before the imports below: a mismatch is one line naming the fix, not an ImportError
+
+from contextlib import nullcontext  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed  # noqa: E402
+from tensordict import TensorDict  # noqa: E402
+from verl.utils import tensordict_utils as tu  # noqa: E402
+from verl.utils.device import get_device_id  # noqa: E402
+from verl.workers.engine import EngineRegistry  # noqa: E402
+from verl.workers.engine.fsdp.transformer_impl import (  # noqa: E402
+    _is_scalar_unit_temperature,
+    _scale_logits_by_temperature,
+)
+from verl.workers.engine.utils import postprocess_batch_func  # noqa: E402
+from verl.workers.rollout.base import _ROLLOUT_REGISTRY  # noqa: E402
+from verl.workers.rollout.replica import RolloutReplicaRegistry  # noqa: E402
+
+# ---- registries -------------------------------------------------------------------------------------------------
+
+
+def register_worker_rollout(name: str, mode: str, class_path: str) -> None:
+    """The worker-side rollout class of ``rollout.name``/mode. workers/rollout/base.py: ``_ROLLOUT_REGISTRY``, a
+    plain dict keyed by (name, mode), with no register function."""
+    _ROLLOUT_REGISTRY[(name, mode)] = class_path
+
+
+def replica_loader(name: str):
+    """The loader registered for ``rollout.name``, or None. workers/rollout/replica.py:
+    ``RolloutReplicaRegistry._registry`` (its public ``get`` calls the loader, and raises for an unknown name)."""
+    return RolloutReplicaRegistry._registry.get(name)
+
+
+def registered_engines(model_type: str) -> dict:
+    """backend -> {device or (device, vendor): engine class}. workers/engine/base.py: ``EngineRegistry._engines``
+    (its public ``get_engine_cls`` answers for the current device only)."""
+    return EngineRegistry._engines.get(model_type, {})
+
+
+# ---- worker groups and configs ------------------------------------------------------------------------------------
+
+
+def data_parallel_size(worker_group, role: str) -> int:
+    """Data-parallel ranks of ``role`` in ``worker_group``, read as verl's trainer reads them
+    (trainer/ppo/v1/trainer_base.py, ``_balance_batch``) from single_controller/base/worker_group.py's
+    ``_dispatch_info``, filled by ``_query_dispatch_info``."""
+    if role not in worker_group._dispatch_info:
+        worker_group._dispatch_info[role] = worker_group._query_dispatch_info(role)
+    return max(worker_group._dispatch_info[role]) + 1
+
+
+def also_mutable(*names: str):
+    """Class decorator: ``names`` may be assigned after construction. base_config.py: ``BaseConfig`` freezes every
+    field that is not in its class attribute ``_mutable_fields``."""
+
+    def decorate(cls):
+        cls._mutable_fields = cls._mutable_fields | set(names)
+        return cls
+
+    return decorate
+
+
+# ---- the FSDP engine (workers/engine/fsdp/transformer_impl.py) ------------------------------------------------------
+
+# How FSDPEngineWithLMHead.forward_step scales logits by the sampling temperature.
+is_scalar_unit_temperature = _is_scalar_unit_temperature
+scale_logits_by_temperature = _scale_logits_by_temperature
+
+
+def autocast_dtype(engine) -> torch.dtype:
+    """The dtype FSDPEngineWithLMHead.forward_step autocasts to: ``_autocast_dtype``, which ``_build_fsdp_module``
+    sets to the FSDP param dtype (bf16 where it has not run, as verl's own fallback)."""
+    return getattr(engine, "_autocast_dtype", torch.bfloat16)
+
+
+class NoHostOffload:
+    """Mixin for verl's FSDP engines: ``FSDPEngine._build_fsdp_module`` offloads a forward-only (reference) model to
+    pinned host memory; this builds it as a trained one, whose parameters stay where they are."""
+
+    def _build_fsdp_module(self, module):
+        forward_only = self.engine_config.forward_only
+        self.engine_config.forward_only = False  # read here only to choose the offload policy
+        try:
+            return super()._build_fsdp_module(module)
+        finally:
+            self.engine_config.forward_only = forward_only
+
+
+def forward_backward_batch(
+    engine, data: TensorDict, loss_function, forward_only: bool, micro_batch_indices: list[list[int]]
+) -> dict:
+    """``FSDPEngine.forward_backward_batch``, copied, with the micro-batches given as lists of sample indices
+    (verl cuts its own with ``prepare_micro_batches``). Returns verl's output: samples in micro-batch order."""
+    tu.assign_non_tensor(data, sp_size=engine.ulysses_sequence_parallel_size)
+    return_model_output = tu.get_non_tensor_data(data=data, key="return_model_output", default=False)
+    batch_num_tokens = data["loss_mask"].sum().to(get_device_id())  # the loss is normalised over all dp ranks
+    dp_group = engine.get_data_parallel_group()
+    torch.distributed.all_reduce(batch_num_tokens, op=torch.distributed.ReduceOp.SUM, group=dp_group)
+    tu.assign_non_tensor(data, batch_num_tokens=batch_num_tokens.item(), dp_size=engine.get_data_parallel_size())
+
+    micro_batches = [tu.index_select_tensor_dict(data, part) for part in micro_batch_indices]
+    output_lst = []
+    grad_ctx = torch.no_grad() if forward_only else nullcontext()
+    scaler = getattr(engine, "scaler", None)  # fp16 only
+    for i, micro_batch in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        sync_ctx = nullcontext() if forward_only else engine._gradient_sync_context(is_last_micro_batch=last)
+        with grad_ctx, sync_ctx, torch.profiler.record_function(f"micro_batch{i}"):
+            loss, meta_info = engine.forward_step(micro_batch, loss_function=loss_function, forward_only=forward_only)
+            if not forward_only:
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+                if not return_model_output:
+                    meta_info.pop("model_output", None)  # kept, it would hold every micro-batch's outputs
+        output_lst.append(meta_info)
+    return postprocess_batch_func(output_lst=output_lst, indices=micro_batch_indices, data=data)
+
+
+# ---- private hooks, under public names -----------------------------------------------------------------------------
+# Mixins, mixed in before the verl class: verl calls ``self._balance_batch(...)``, which calls
+# ``self.balance_batch(...)``; a subclass overrides that one and calls ``super().balance_batch(...)`` for verl's own.
+
+
+class TrainerHooks:
+    """For verl's v1 trainers (trainer/ppo/v1/trainer_base.py, trainer_sync.py)."""
+
+    def build_replay_buffer(self):
+        return super()._build_replay_buffer()
+
+    def _build_replay_buffer(self):
+        return self.build_replay_buffer()
+
+    def init_resource_pool_mgr(self):
+        return super()._init_resource_pool_mgr()
+
+    def _init_resource_pool_mgr(self):
+        return self.init_resource_pool_mgr()
+
+    def fetch_one_gen_batch(self):
+        return super()._fetch_one_gen_batch()
+
+    def _fetch_one_gen_batch(self):
+        return self.fetch_one_gen_batch()
+
+    def balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        return super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)
+
+    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        return self.balance_batch(batch, metrics, logging_prefix, keep_minibatch)
+
+    def compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        return super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        return self.compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
+
+    def save_checkpoint(self):
+        return super()._save_checkpoint()
+
+    def _save_checkpoint(self):
+        return self.save_checkpoint()
+
+    def load_checkpoint(self):
+        return super()._load_checkpoint()
+
+    def _load_checkpoint(self):
+        return self.load_checkpoint()
+
+
+class VllmServerHooks:
+    """For verl's vLLM server (workers/rollout/vllm_rollout/vllm_async_server.py, ``vLLMHttpServer``), whose
+    docstrings offer these two to subclasses."""
+
+    def preprocess_engine_kwargs(self, engine_kwargs: dict) -> None:
+        super()._preprocess_engine_kwargs(engine_kwargs)
+
+    def _preprocess_engine_kwargs(self, engine_kwargs: dict) -> None:
+        self.preprocess_engine_kwargs(engine_kwargs)
+
+    def worker_extension_cls(self) -> str:
+        return super()._get_worker_extension_cls()
+
+    def _get_worker_extension_cls(self) -> str:
+        return self.worker_extension_cls()
