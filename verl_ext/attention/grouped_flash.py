@@ -13,31 +13,21 @@ Same mask and the same two-part split as `grouped_sdpa` (see its docstring for t
 
 `flash_attn_varlen_func(return_attn_probs=True)` returns the lse but its backward drops the lse's
 gradient, so merging its outputs under autograd would give wrong gradients. The autograd function
-below calls flash-attn's forward/backward ops directly and uses the ring-attention backward: each
+below calls flash-attn's private forward/backward ops directly (verl_ext.compat.flash_attn, which
+also refuses a flash-attn other than the one checked) and uses the ring-attention backward: each
 call's backward is run with the *merged* output and lse, which makes flash recompute the merged
 softmax restricted to that call's keys; dQ from the two calls add up.
 """
-
-import functools
 
 import torch
 
 from verl_ext.attention.grouped_sdpa import merge_by_lse
 from verl_ext.attention.layout import GroupedAttentionMeta
+from verl_ext.compat import flash_attn as flash_compat
 
-MIN_FLASH_ATTN = (2, 7)  # first release with window_size_left/right and softcap in the varlen ops
-
-
-@functools.cache
-def _flash_import_error() -> str | None:
-    try:
-        import flash_attn
-    except ImportError as e:
-        return f"flash_attn does not import ({e})"
-    version = tuple(int(x) for x in flash_attn.__version__.split(".")[:2])
-    if version < MIN_FLASH_ATTN:
-        return f"flash_attn {flash_attn.__version__} is older than {'.'.join(map(str, MIN_FLASH_ATTN))}"
-    return None
+# the kernel calls: flash-attn's varlen forward and backward
+_varlen_fwd = flash_compat.varlen_forward
+_varlen_bwd = flash_compat.varlen_backward
 
 
 def flash_unusable_reason(query: torch.Tensor) -> str | None:
@@ -48,33 +38,7 @@ def flash_unusable_reason(query: torch.Tensor) -> str | None:
         return f"flash-attn needs fp16/bf16, got {query.dtype}"
     if query.shape[-1] % 8 or query.shape[-1] > 256:
         return f"head_dim {query.shape[-1]} is not a multiple of 8 up to 256"
-    return _flash_import_error()
-
-
-def _varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal):
-    """-> out [Tq, H, D], lse [H, Tq] fp32."""
-    from flash_attn.flash_attn_interface import _flash_attn_varlen_forward
-
-    out, lse, _, _ = _flash_attn_varlen_forward(
-        q, k, v, cu_q, cu_k, max_q, max_k,
-        dropout_p=0.0, softmax_scale=scale, causal=causal,
-        window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None, return_softmax=False,
-    )  # fmt: skip
-    return out, lse
-
-
-def _varlen_bwd(do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal):
-    """-> dq, dk, dv, recomputing P = exp(S - lse) from the given (merged) out and lse."""
-    from flash_attn.flash_attn_interface import _flash_attn_varlen_backward
-
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    _flash_attn_varlen_backward(
-        do, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k,
-        dropout_p=0.0, softmax_scale=scale, causal=causal,
-        window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None, deterministic=False,
-        rng_state=None,
-    )  # fmt: skip
-    return dq, dk, dv
+    return flash_compat.unusable_reason()
 
 
 def _segments_args(meta: GroupedAttentionMeta):
