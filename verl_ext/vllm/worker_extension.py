@@ -8,9 +8,13 @@ Loaded only inside vLLM's worker processes (it imports vLLM through verl).
 
 import dataclasses
 
-from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
+from verl_ext.compat import vllm as vllm_compat
 
-from verl_ext.vllm.proposer import NgramRLProposer
+vllm_compat.check_version()  # vLLM's worker processes load verl_ext here first
+
+from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension  # noqa: E402
+
+from verl_ext.vllm.proposer import NgramRLProposer  # noqa: E402
 
 
 class VerlExtWorkerExtension(vLLMColocateWorkerExtension):
