@@ -48,7 +48,7 @@ def _changed(config, set_keys=(), drop_keys=()):
 
 def _check_without_gpu_or_data(config, monkeypatch):
     """preflight.check minus what needs the cluster itself (a CUDA device, the downloaded data)."""
-    monkeypatch.setattr(preflight, "_check_device", lambda device: None)
+    monkeypatch.setattr(preflight, "_check_device_visible", lambda device: None)
     monkeypatch.setattr(preflight, "_check_files", lambda key, value: None)
     preflight.check(config)
 

@@ -44,7 +44,7 @@ def test_recipe_as_shipped_passes_without_building(tmp_path):
 
 
 def test_one_response_per_prompt_with_the_shared_prefix_forward_is_explained(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="verl_ext.preflight"):
+    with caplog.at_level(logging.WARNING, logger="verl_ext.settings"):
         preflight.check_before_data(_config(tmp_path / "data", "actor_rollout_ref.rollout.n=1"))
     assert "no prefix to share" in caplog.text
 

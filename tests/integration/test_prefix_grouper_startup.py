@@ -6,7 +6,7 @@ import pytest
 from hydra import compose, initialize_config_module
 from verl_ext_testing import REPO, main_command
 
-from verl_ext import preflight
+from verl_ext.settings import ConfigError, read_prefix_grouper
 
 FLAG = "actor_rollout_ref.actor.use_prefix_grouper=true"
 REFUSED = {
@@ -25,14 +25,14 @@ def _arr(*overrides):
 
 @pytest.mark.parametrize("override", sorted(REFUSED))
 def test_refused_with_the_flag(override):
-    with pytest.raises(preflight.ConfigError, match=REFUSED[override]) as error:
-        preflight._check_prefix_grouper(_arr(FLAG, override))
+    with pytest.raises(ConfigError, match=REFUSED[override]) as error:
+        read_prefix_grouper(_arr(FLAG, override))
     assert "\n" not in str(error.value) and "use_prefix_grouper" in str(error.value)
 
 
 @pytest.mark.parametrize("override", sorted(REFUSED))
 def test_allowed_without_the_flag(override):
-    preflight._check_prefix_grouper(_arr("actor_rollout_ref.actor.use_prefix_grouper=false", override))
+    assert not read_prefix_grouper(_arr("actor_rollout_ref.actor.use_prefix_grouper=false", override)).enabled
 
 
 def test_ulysses_refused_by_the_entry_point_in_one_line(tmp_path):

@@ -1,5 +1,6 @@
 """rollout.custom.speculation -> vLLM 0.24.0 engine args, and the start-up check of a vLLM rollout's settings."""
 
+import dataclasses
 import importlib
 import subprocess
 import sys
@@ -7,8 +8,9 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
+from verl_ext.settings import ConfigError, read_rollout_settings
 from verl_ext.speculation import SpeculationConfig
-from verl_ext.vllm import check_vllm_rollout, vllm_speculative_config
+from verl_ext.vllm import vllm_speculative_config
 from verl_ext.vllm.engine_args import NGRAM_RL_PROPOSER, VLLM_SETTINGS, check_settings, drafter_settings
 from verl_ext.vllm.proposer import NgramRLProposer
 
@@ -55,7 +57,7 @@ def test_drafter_settings_rebuild_the_same_config():
 
 @pytest.mark.parametrize("method", sorted(VLLM_SETTINGS))
 def test_each_method_accepts_the_settings_it_reads(method):
-    check_settings({key: getattr(SpeculationConfig(method=method), key) for key in VLLM_SETTINGS[method]})
+    check_settings(method, VLLM_SETTINGS[method])
 
 
 @pytest.mark.parametrize("settings,unread", [
@@ -66,19 +68,24 @@ def test_each_method_accepts_the_settings_it_reads(method):
     ({"method": "suffix", "min_match": 3}, "min_match"),  # vLLM's suffix trees have no minimum match
 ])
 def test_settings_vllm_does_not_read_are_refused(settings, unread):
-    with pytest.raises(ValueError) as error:
-        check_settings(settings)
+    with pytest.raises(ConfigError) as error:
+        read_rollout_settings(_rollout(custom={"speculation": settings}))
     assert unread in str(error.value) and "rollout.name=hf" in str(error.value)
 
 
 def _rollout(**overrides):
     rollout = {"name": "vllm", "disable_log_stats": False, "engine_kwargs": {"vllm": {}},
-               "mtp": {"enable": False, "enable_rollout": False}}
+               "mtp": {"enable": False, "enable_rollout": False},
+               "custom": {"speculation": {"method": "ngram_rl", "num_draft_tokens": 8}}}
     return OmegaConf.create({**rollout, **overrides})
 
 
+def _speculation(method):
+    return {"custom": {"speculation": {"method": method}}}
+
+
 def test_vllm_rollout_check_passes_a_good_rollout():
-    check_vllm_rollout(_rollout(), {"method": "ngram_rl", "num_draft_tokens": 8})
+    assert read_rollout_settings(_rollout()).speculation.num_draft_tokens == 8
 
 
 @pytest.mark.parametrize("overrides,words", [
@@ -89,13 +96,28 @@ def test_vllm_rollout_check_passes_a_good_rollout():
     ({"engine_kwargs": {"vllm": {"data_parallel_size": 4}}}, "data_parallel_size=4 runs"),
 ])
 def test_vllm_rollout_check_refuses_conflicts(overrides, words):
-    with pytest.raises(ValueError, match=words):
-        check_vllm_rollout(_rollout(**overrides), {"method": "ngram_rl"})
+    with pytest.raises(ConfigError, match=words):
+        read_rollout_settings(_rollout(**overrides))
+    read_rollout_settings(_rollout(**overrides, **_speculation("none")))  # control: speculation off, nothing to refuse
 
 
 @pytest.mark.parametrize("method", ["none", "prompt_lookup"])
 def test_data_parallel_vllm_is_fine_without_a_per_prompt_history(method):
-    check_vllm_rollout(_rollout(data_parallel_size=2), {"method": method})
+    read_rollout_settings(_rollout(data_parallel_size=2, **_speculation(method)))
+
+
+def test_the_server_reads_the_rollout_config_verl_hands_it():
+    # verl's replica gives its servers a RolloutConfig dataclass, not the DictConfig preflight parses
+    from hydra import compose, initialize_config_module
+    from verl.utils.config import omega_conf_to_dataclass
+
+    with initialize_config_module("verl_ext.recipes", version_base=None):
+        rollout = compose("demo_cpu_vllm").actor_rollout_ref.rollout
+    settings = read_rollout_settings(rollout)
+    assert settings.speculation is not None and settings.speculation.method == "ngram_rl"  # control
+    from_dataclass = read_rollout_settings(omega_conf_to_dataclass(rollout))
+    # the dataclass also states verl's neutral defaults (repetition_penalty=1.0) the recipe leaves out
+    assert dataclasses.replace(from_dataclass, sampling={}) == dataclasses.replace(settings, sampling={})
 
 
 def test_nothing_here_imports_vllm():

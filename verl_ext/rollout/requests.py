@@ -4,11 +4,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 from verl_ext.speculation import check_sampling_supported
+from verl_ext.speculation.config import COVERED_SAMPLING, NEUTRAL_ONLY_SAMPLING
 
-# Sampling options the HF engine honours; penalties and min_p pass only at their neutral values
+# Request options the HF engine honours; penalties and min_p pass only at their neutral values
 # (check_sampling_supported), anything else is rejected, never ignored.
-_HONOURED = {"temperature", "top_k", "top_p", "logprobs", "max_tokens", "max_new_tokens", "seed"}
-_NEUTRAL_ONLY = {"repetition_penalty", "presence_penalty", "frequency_penalty", "min_p"}
+_ACCEPTED = {*COVERED_SAMPLING, *NEUTRAL_ONLY_SAMPLING, "logprobs", "max_tokens", "max_new_tokens", "seed"}
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def parse_sampling_params(params: dict[str, Any], default_max_tokens: int) -> tu
 
     Raises ValueError for options the HF engine would otherwise silently ignore.
     """
-    unknown = [k for k in params if k not in _HONOURED and k not in _NEUTRAL_ONLY]
+    unknown = [k for k in params if k not in _ACCEPTED]
     if unknown:
         raise ValueError(f"HF rollout does not support sampling options {sorted(unknown)}; remove them.")
     check_sampling_supported(params)

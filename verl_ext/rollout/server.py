@@ -26,6 +26,7 @@ from verl_ext.rollout.request_seeds import RequestSeeds
 from verl_ext.rollout.requests import GenerationRequest, GenerationResult, parse_sampling_params
 from verl_ext.rollout.speculator import build_speculator
 from verl_ext.rollout.trace import RolloutTrace
+from verl_ext.settings import read_rollout_settings
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class HFRolloutServer:
     """One engine per replica. Methods mirror verl's vLLM server where verl's managers call them."""
 
     def __init__(self, config, model_config, replica_rank: int = 0, hybrid: bool = True):
-        self.config = config
+        self.settings = settings = read_rollout_settings(config)  # verl hands the server its rollout config only
         self.model_config = model_config = as_model_config(model_config)
         self.replica_rank = replica_rank
         self.hybrid = hybrid
@@ -55,10 +56,10 @@ class HFRolloutServer:
         self.engine = HFGenerationEngine(
             self.model,
             pad_token_id=_pad_token_id(model_config),
-            seed=config.seed + replica_rank,
-            speculator=build_speculator(config, self.device.type),
+            seed=settings.seed + replica_rank,
+            speculator=build_speculator(settings.speculation, self.device.type),
         )
-        self.trace = RolloutTrace.from_config(config, replica_rank)
+        self.trace = RolloutTrace.in_dir(settings.trace_dir, replica_rank)
         # _lock owns the engine (its rows and KV cache), _waiting, the weights and the counters below. The table
         # and the engine's rows change together under it, from every thread (decode, abort, failure), so a
         # handle is in _waiting exactly while its row is in the engine.
@@ -68,7 +69,7 @@ class HFRolloutServer:
         self._aborts_applied = 0  # abort_all_requests calls that have aborted the engine; under _lock
         self._aborts_issued = 0  # abort_all_requests calls made; event loop only
         self._open: set[asyncio.Future] = set()  # generate calls not yet returned; event loop only
-        self._seeds = RequestSeeds(config.seed)  # full_determinism; event loop only
+        self._seeds = RequestSeeds(settings.seed)  # full_determinism; event loop only
         self._accepting = True
         self._busy_s = 0.0  # engine time (admission, prefill, decode) since the last rollout_metrics(); under _lock
         self._tokens = 0  # tokens of the requests finished since then; under _lock
@@ -124,7 +125,7 @@ class HFRolloutServer:
 
     async def sleep(self):
         # Colocated with training on an accelerator: give the memory back while the actor trains.
-        if self.hybrid and self.device.type != "cpu" and self.config.free_cache_engine:
+        if self.hybrid and self.device.type != "cpu" and self.settings.free_cache_engine:
             await asyncio.to_thread(self._move_model, torch.device("cpu"))
 
     async def clear_kv_cache(self):
@@ -278,14 +279,14 @@ class HFRolloutServer:
     # ---- helpers ------------------------------------------------------------------------------------------
 
     def _max_new(self, prompt_ids: list[int]) -> int:
-        budget = self.config.prompt_length + self.config.response_length - len(prompt_ids)
-        return max(1, min(self.config.response_length, budget))
+        budget = self.settings.prompt_length + self.settings.response_length - len(prompt_ids)
+        return max(1, min(self.settings.response_length, budget))
 
     def _request_seed(self, explicit: Optional[int], request_id: str, prompt_ids: list[int]) -> Optional[int]:
         """An explicit seed wins; under ``full_determinism`` one of the request's own (rollout/request_seeds.py)."""
         if explicit is not None:
             return int(explicit)
-        if not self.config.full_determinism:
+        if not self.settings.full_determinism:
             return None
         return self._seeds.seed_for(self.global_steps, request_id, prompt_ids)
 
@@ -294,8 +295,7 @@ class HFRolloutServer:
 
     def _configure_threads(self) -> None:
         # Ray pins actors to one thread; the decode loop is the only busy process during rollout.
-        threads = (self.config.engine_kwargs.get("hf") or {}).get("num_threads") or os.cpu_count()
-        torch.set_num_threads(int(threads))
+        torch.set_num_threads(self.settings.num_threads or os.cpu_count())
 
 
 def _resolve(future: asyncio.Future, result: GenerationResult) -> None:

@@ -18,8 +18,8 @@ class RolloutTrace:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, rollout_config, replica_rank: int) -> Optional["RolloutTrace"]:
-        trace_dir = (rollout_config.custom or {}).get("trace_dir")
+    def in_dir(cls, trace_dir: Optional[str], replica_rank: int) -> Optional["RolloutTrace"]:
+        """The replica's trace under ``trace_dir`` (RolloutSettings.trace_dir); None when that is unset."""
         return cls(Path(trace_dir) / f"replica_{replica_rank}.jsonl") if trace_dir else None
 
     def write(self, global_step: Optional[int], prompt_ids: list[int], response_ids: list[int]) -> None:

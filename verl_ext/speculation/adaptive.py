@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -68,20 +68,25 @@ class _SeqState:
 
 @dataclass
 class AdaptiveDraftLength:
-    """Per-sequence EMA of acceptance -> draft budget; switched-off sequences probe with 1 token now and then."""
+    """Per-sequence EMA of acceptance -> draft budget; switched-off sequences probe with 1 token now and then.
+
+    Without a cost model (`cost` None: no table measured for the device) every sequence drafts max_k.
+    """
 
     max_k: int = MAX_DRAFT_TOKENS
     decay: float = 0.7
     prior: float = 0.7
     probe_interval: int = 8
-    cost: VerifyCostModel = field(default_factory=VerifyCostModel)
+    cost: Optional[VerifyCostModel] = field(default_factory=VerifyCostModel)
     enabled: bool = True
     _seqs: dict[int, _SeqState] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
-    def from_config(cls, config: SpeculationConfig) -> "AdaptiveDraftLength":
+    def from_config(cls, config: SpeculationConfig, device_type: str = "cpu") -> "AdaptiveDraftLength":
+        table = config.cost_table(device_type)
+        cost = VerifyCostModel(table) if table is not None else None
         return cls(config.num_draft_tokens, config.adaptive_ema_decay, config.adaptive_prior_acceptance,
-                   config.adaptive_probe_interval, VerifyCostModel(config.verify_cost_table), config.adaptive)
+                   config.adaptive_probe_interval, cost, config.adaptive)
 
     def alpha(self, seq_id: int) -> float:
         state = self._seqs.get(seq_id)
@@ -89,7 +94,7 @@ class AdaptiveDraftLength:
 
     def budgets(self, seq_ids: Sequence[int]) -> list[int]:
         """Draft budget per sequence for one step of a batch of these sequences."""
-        if not self.enabled:
+        if not self.enabled or self.cost is None:
             return [self.max_k] * len(seq_ids)
         alpha = [self.alpha(s) for s in seq_ids]
         lengths = best_draft_length(alpha, len(seq_ids), self.cost, self.max_k)

@@ -2,25 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Optional, get_args
 
 SpeculationMethod = Literal["ngram_rl", "prompt_lookup", "suffix", "none"]
+PrefetchWorker = Literal["overlap", "thread"]
+CostTable = tuple[tuple[int, float], ...]  # (batch size, cost ratio) rows
 
 # Longest draft the engine verifies in one forward (the forward runs over 1 + K tokens per row).
 MAX_DRAFT_TOKENS = 16
 
 # (batch size, cost of a forward over 1 + 16 tokens / cost of a forward over 1 token), measured on CPU:
 # Qwen2-architecture model, hidden 256, 4 layers, fp32, 2 threads, 512 cached tokens (notes/ngram-speculation.md).
-# On a GPU the ratio is close to 1 at small batch; pass a measured table through `verify_cost_table`.
-CPU_VERIFY_COST_TABLE: tuple[tuple[int, float], ...] = ((1, 1.9), (8, 2.4), (32, 3.1), (128, 3.6))
+# It holds on CPU only: on an accelerator the ratio is close to 1 at small batch and grows with batch size in a
+# way each device and model measures differently (benchmarks/verify_cost.py), so there is no default there.
+CPU_VERIFY_COST_TABLE: CostTable = ((1, 1.9), (8, 2.4), (32, 3.1), (128, 3.6))
 
 
 def _fail(field: str, value: Any, fix: str) -> None:
     raise ValueError(f"speculation.{field}={value!r} is invalid: {fix}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class SpeculationConfig:
     method: SpeculationMethod = "ngram_rl"
     num_draft_tokens: int = MAX_DRAFT_TOKENS  # draft budget per sequence and step, 1..MAX_DRAFT_TOKENS
@@ -41,10 +45,10 @@ class SpeculationConfig:
     # Prepare the next drafts while the device runs verification (prefetch.py). "auto": on when the engine runs
     # on an accelerator; off on CPU, where the forward runs on the same cores and nothing can overlap it
     # (benchmarks/ngram_rollout.py measures prefetch against synchronous drafting).
-    prefetch: bool | str = "auto"
+    prefetch: bool | Literal["auto"] = "auto"
     # "overlap": draft on the engine's thread while the device runs the verification forward (never competes
     # with it); "thread": in a background thread, which a Python-bound forward feels through the GIL.
-    prefetch_worker: str = "overlap"
+    prefetch_worker: PrefetchWorker = "overlap"
     # prompt_lookup and suffix: outcomes (accepted count, next token) prefetched per sequence, likeliest first
     # (ngram_rl prefetches every outcome: prompt_index.OutcomeTable)
     prefetch_candidates: int = 16
@@ -53,7 +57,9 @@ class SpeculationConfig:
     adaptive_ema_decay: float = 0.7  # weight of the past in the acceptance EMA, 0 <= decay < 1
     adaptive_prior_acceptance: float = 0.7  # acceptance assumed for a sequence before its first verification
     adaptive_probe_interval: int = 8  # steps a switched-off sequence waits before a 1-token probe draft
-    verify_cost_table: tuple[tuple[int, float], ...] = CPU_VERIFY_COST_TABLE
+    # None: the device's table (cost_table): CPU_VERIFY_COST_TABLE on CPU; none on an accelerator, where each
+    # sequence drafts num_draft_tokens unless a table measured there is given.
+    verify_cost_table: Optional[CostTable] = None
     # suffix (SuffixDecoding-style baseline): global FIFO by request count, arctic-inference defaults.
     suffix_max_requests: int = 10_000
     suffix_min_token_prob: float = 0.1
@@ -62,8 +68,8 @@ class SpeculationConfig:
     def __post_init__(self) -> None:
         if self.prefetch not in (True, False, "auto"):
             _fail("prefetch", self.prefetch, "use true, false or auto (on with an accelerator, off on CPU).")
-        if self.prefetch_worker not in ("overlap", "thread"):
-            _fail("prefetch_worker", self.prefetch_worker, "use overlap or thread.")
+        if self.prefetch_worker not in get_args(PrefetchWorker):
+            _fail("prefetch_worker", self.prefetch_worker, f"use one of {list(get_args(PrefetchWorker))}.")
         if self.method not in get_args(SpeculationMethod):
             _fail("method", self.method, f"choose one of {list(get_args(SpeculationMethod))}.")
         if not 1 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS:
@@ -88,10 +94,29 @@ class SpeculationConfig:
             _fail("suffix_min_token_prob", self.suffix_min_token_prob, "set it in [0, 1].")
         if self.suffix_max_spec_factor <= 0:
             _fail("suffix_max_spec_factor", self.suffix_max_spec_factor, "set it > 0.")
-        self.verify_cost_table = tuple((int(b), float(r)) for b, r in self.verify_cost_table)
-        if not self.verify_cost_table or any(b < 1 or r < 1.0 for b, r in self.verify_cost_table):
-            _fail("verify_cost_table", self.verify_cost_table,
-                  "give (batch_size >= 1, cost ratio >= 1.0) pairs, e.g. ((1, 1.9), (128, 3.6)).")
+        if self.verify_cost_table is not None:
+            self._check_cost_table()
+
+    def _check_cost_table(self) -> None:
+        fix = "give (batch_size >= 1, cost ratio >= 1.0) pairs, e.g. ((1, 1.9), (128, 3.6))."
+        try:
+            table = tuple((int(b), float(r)) for b, r in self.verify_cost_table)  # YAML gives lists
+        except (TypeError, ValueError):
+            _fail("verify_cost_table", self.verify_cost_table, fix)
+        if not table or any(b < 1 or r < 1.0 for b, r in table):
+            _fail("verify_cost_table", table, fix)
+        object.__setattr__(self, "verify_cost_table", table)
+
+    def cost_table(self, device_type: str) -> Optional[CostTable]:
+        """The verification-cost table on `device_type`: the one given, else the CPU table on CPU, else none."""
+        if self.verify_cost_table is not None:
+            return self.verify_cost_table
+        return CPU_VERIFY_COST_TABLE if device_type == "cpu" else None
+
+    def for_device(self, device_type: str) -> "SpeculationConfig":
+        """These settings as an engine on `device_type` runs them: its cost table, adaptive off without one."""
+        table = self.cost_table(device_type)
+        return dataclasses.replace(self, verify_cost_table=table, adaptive=self.adaptive and table is not None)
 
     def uses_prefetch(self, device_type: str = "cpu") -> bool:
         """Whether the engine, running on `device_type`, prefetches drafts (prefetch.py)."""
@@ -105,10 +130,13 @@ class SpeculationConfig:
                 _fail(field, getattr(self, field), "set it >= 1.")
 
 
-# Sampling options that change the target distribution in ways the verifier does not reproduce,
-# with the value at which they are inert.
-_UNSUPPORTED_NEUTRAL = {"min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
-_UNSUPPORTED_EMPTY = ("logit_bias", "logits_processors", "logits_processor")
+# verl's sampling options, by how exact verification treats them: the ones it covers, the ones that change the
+# target distribution in ways it does not reproduce (with the value at which each is inert), and custom logit
+# changes it cannot apply (inert when empty). The HF engine and the start-up check read these lists.
+COVERED_SAMPLING = ("temperature", "top_k", "top_p")
+NEUTRAL_ONLY_SAMPLING = {"min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+EMPTY_ONLY_SAMPLING = ("logit_bias", "logits_processors", "logits_processor")
+SAMPLING_KEYS = (*COVERED_SAMPLING, *NEUTRAL_ONLY_SAMPLING, *EMPTY_ONLY_SAMPLING)
 
 
 def check_sampling_supported(sampling_params: dict) -> None:
@@ -116,13 +144,13 @@ def check_sampling_supported(sampling_params: dict) -> None:
 
     Covered: temperature (0 or do_sample=False means greedy), top_k (<= 0 off), top_p (1.0 off).
     """
-    for key, neutral in _UNSUPPORTED_NEUTRAL.items():
+    for key, neutral in NEUTRAL_ONLY_SAMPLING.items():
         value = sampling_params.get(key)
         if value is not None and float(value) != neutral:
             raise ValueError(
                 f"sampling option {key}={value!r} is not supported with speculative decoding: exact verification "
                 f"covers temperature, top_k and top_p only. Set {key}={neutral} or speculation.method='none'.")
-    for key in _UNSUPPORTED_EMPTY:
+    for key in EMPTY_ONLY_SAMPLING:
         if sampling_params.get(key):
             raise ValueError(
                 f"sampling option {key} is not supported with speculative decoding: the verifier cannot apply "

@@ -8,9 +8,12 @@ is the rule of ``verl_ext.speculation.verifier``; so outputs follow the policy w
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from verl_ext.speculation import SpeculationConfig
+
+if TYPE_CHECKING:
+    from verl_ext.settings import RolloutSettings
 
 NGRAM_RL_PROPOSER = "verl_ext.vllm.proposer.NgramRLProposer"
 # verl's worker extension plus the collective_rpc methods that attach and checkpoint the ngram_rl proposer.
@@ -70,42 +73,38 @@ def drafter_settings(config: SpeculationConfig) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
-def check_settings(settings: dict) -> None:
-    """Raise ValueError for settings given under rollout.name=vllm that vLLM's route for the method does not read."""
-    method = settings.get("method", SpeculationConfig.method)
-    unread = sorted(set(settings) - VLLM_SETTINGS.get(method, frozenset(settings)))
+def check_settings(method: str, given: Iterable[str]) -> None:
+    """Raise ValueError for settings ``given`` under rollout.name=vllm that vLLM's route for ``method`` does not read."""
+    unread = sorted(set(given) - VLLM_SETTINGS[method])
     if unread:
         raise ValueError(
             f"{unread} would do nothing with rollout.name=vllm, where method={method} reads "
             f"{sorted(VLLM_SETTINGS[method])} (adaptive, prefetch_worker and the like drive the rollout.name=hf "
-            "engine); "
-            "remove them."
+            "engine); remove them."
         )
 
 
-def check_vllm_rollout(rollout, settings: dict) -> None:
-    """Start-up check of ``actor_rollout_ref.rollout`` (name=vllm) with speculation on; ValueError says the fix."""
-    check_settings(settings)
-    engine_spec = ((rollout.get("engine_kwargs") or {}).get("vllm") or {}).get("speculative_config")
-    if engine_spec:
+def check_vllm_rollout(rollout: RolloutSettings) -> None:
+    """Start-up check of a vLLM rollout with speculation on (the schema runs it); ValueError says the fix."""
+    method = rollout.speculation.method
+    check_settings(method, rollout.speculation_keys)
+    if rollout.engine_speculative_config:
         raise ValueError(
             "rollout.engine_kwargs.vllm.speculative_config is set as well: verl_ext builds it from "
             "rollout.custom.speculation; keep one of them."
         )
-    engine_dp = (((rollout.get("engine_kwargs") or {}).get("vllm") or {}).get("data_parallel_size")) or 1
-    data_parallel = max(int(rollout.get("data_parallel_size") or 1), int(engine_dp))
-    if settings.get("method", SpeculationConfig.method) == "ngram_rl" and data_parallel > 1:
+    if method == "ngram_rl" and rollout.data_parallel_size > 1:
         raise ValueError(
             f"method=ngram_rl keeps each prompt's history inside one vLLM engine, and data_parallel_size="
-            f"{data_parallel} runs that many engines per replica, each seeing only the requests routed to it; "
-            "set actor_rollout_ref.rollout.data_parallel_size=1 (scale out with more replicas or tensor parallelism)."
+            f"{rollout.data_parallel_size} runs that many engines per replica, each seeing only the requests routed "
+            "to it; set actor_rollout_ref.rollout.data_parallel_size=1 (scale out with more replicas or tensor "
+            "parallelism)."
         )
-    mtp = rollout.get("mtp") or {}
-    if mtp.get("enable") and mtp.get("enable_rollout"):
+    if rollout.mtp_rollout:
         raise ValueError(
             "actor_rollout_ref.model.mtp.enable_rollout replaces vLLM's speculative_config with MTP; turn one off."
         )
-    if rollout.get("disable_log_stats", True):
+    if rollout.disable_log_stats:
         raise ValueError(
             "rollout/spec/* metrics come from vLLM's stat loggers, which rollout.disable_log_stats=true turns off; "
             "set actor_rollout_ref.rollout.disable_log_stats=false."

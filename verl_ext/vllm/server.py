@@ -17,7 +17,7 @@ import ray
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
 
 from verl_ext.rollout.request_seeds import RequestSeeds
-from verl_ext.rollout.speculator import build_speculation_config
+from verl_ext.settings import RolloutSettings, read_rollout_settings
 from verl_ext.speculation import SpecMetrics
 from verl_ext.vllm.engine_args import WORKER_EXTENSION, drafter_settings, vllm_speculative_config
 from verl_ext.vllm.spec_metrics import VllmSpecTotals, read_totals, spec_metrics
@@ -38,9 +38,14 @@ class VerlExtvLLMServer(vLLMHttpServer):
     _spec_seen = VllmSpecTotals()  # vLLM's totals at the last rollout_metrics()
 
     @functools.cached_property
+    def settings(self) -> RolloutSettings:
+        """verl_ext's settings of this rollout (verl hands the server its rollout config only)."""
+        return read_rollout_settings(self.config)
+
+    @property
     def speculation(self):
         """verl_ext's SpeculationConfig, or None when speculation is off."""
-        return build_speculation_config(self.config)
+        return self.settings.speculation
 
     @property
     def _ngram_rl(self) -> bool:
@@ -57,10 +62,10 @@ class VerlExtvLLMServer(vLLMHttpServer):
 
     @functools.cached_property
     def _request_seeds(self) -> RequestSeeds:
-        return RequestSeeds(self.config.seed + self.replica_rank)
+        return RequestSeeds(self.settings.seed + self.replica_rank)
 
     async def generate(self, prompt_ids, sampling_params, request_id, *args, **kwargs):
-        if self.config.full_determinism and sampling_params.get("seed") is None:
+        if self.settings.full_determinism and sampling_params.get("seed") is None:
             seed = self._request_seeds.seed_for(self.global_steps, request_id, prompt_ids)
             sampling_params = {**sampling_params, "seed": seed}
         return await super().generate(prompt_ids, sampling_params, request_id, *args, **kwargs)

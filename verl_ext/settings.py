@@ -1,0 +1,334 @@
+"""Everything verl_ext reads from a verl config: one schema, each key parsed and validated once.
+
+``read_settings(config)`` turns verl's config into ``Settings``; ``verl_ext.preflight`` runs it before Ray starts,
+so a bad key stops the run in seconds with one line naming the key and the fix. A Ray actor that verl hands only
+its rollout config (the HF and the vLLM server) runs the same parser on it, ``read_rollout_settings``. Every other
+module receives these typed objects.
+
+    section                    class                   keys (relative to the section)
+    trainer                    TrainerSettings         device, v1.trainer_mode, v1.sampler.poll_interval
+    actor_rollout_ref.rollout  RolloutSettings         custom.speculation.* (SpeculationConfig), custom.trace_dir,
+                                                       full_determinism, free_cache_engine, engine_kwargs.hf.*, ...
+    actor_rollout_ref          PrefixGrouperSettings   actor.use_prefix_grouper and the keys it cannot run with
+    verl_ext                   ExtensionSettings       data_dir, report_dir, demo_profile
+
+Each field names the keys it is read from in ``metadata["keys"]``. ``DECLARED_KEYS`` holds them all, with the
+speculation keys and ``VERL_KEYS`` (verl's own keys that verl_ext reads with verl's meaning and verl validates);
+tests/test_settings_schema.py checks that no module reads a key missing there, nor a key parsed here from the
+raw config.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar, Literal, Mapping, Optional, get_args
+
+from omegaconf import DictConfig, OmegaConf
+
+from verl_ext.speculation.config import SAMPLING_KEYS, SpeculationConfig, check_sampling_supported
+
+logger = logging.getLogger(__name__)
+
+Device = Literal["cpu", "cuda", "npu"]
+DemoProfile = Literal["full", "long"]  # the builds of verl_ext.demo.build.PROFILES
+SPECULATION = "actor_rollout_ref.rollout.custom.speculation"
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message is one line that names the key and the fix."""
+
+
+def _key(*keys: str, **kwargs):
+    """A field read from ``keys`` (dotted, relative to its section's PREFIX)."""
+    return field(metadata={"keys": keys}, **kwargs)
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """trainer.*: the device, and the knob of verl_ext's trainer."""
+
+    PREFIX: ClassVar[str] = "trainer"
+    device: Device = _key("device", default="cpu")
+    trainer_mode: Optional[str] = _key("v1.trainer_mode", default=None)
+    # seconds between checks whether a step's rollouts are done; read by verl_ext's trainer (None: verl's 2 s)
+    poll_interval: Optional[float] = _key("v1.sampler.poll_interval", default=None)
+
+    def __post_init__(self) -> None:
+        _check_choice("trainer.device", self.device, Device, "use cuda or cpu.")
+        if self.poll_interval is None:
+            return
+        if self.trainer_mode != "verl_ext":
+            raise ConfigError(
+                f"trainer.v1.sampler.poll_interval is read by verl_ext's trainer, but trainer.v1.trainer_mode="
+                f"{self.trainer_mode}; set trainer.v1.trainer_mode=verl_ext or drop the key.")
+        if not _is_number(self.poll_interval) or not self.poll_interval > 0:
+            raise ConfigError(f"trainer.v1.sampler.poll_interval={self.poll_interval} must be > 0 seconds (e.g. 0.05).")
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """actor_rollout_ref.rollout: what verl_ext's rollout servers read, and the keys verl_ext adds to it."""
+
+    PREFIX: ClassVar[str] = "actor_rollout_ref.rollout"
+    name: str = _key("name", default="hf")
+    n: int = _key("n", default=1)  # responses per prompt (GRPO's group)
+    seed: int = _key("seed", default=0)
+    prompt_length: int = _key("prompt_length", default=512)
+    response_length: int = _key("response_length", default=512)
+    full_determinism: bool = _key("full_determinism", default=False)  # seeds of each request's own
+    free_cache_engine: bool = _key("free_cache_engine", default=True)  # HF on an accelerator: offload when asleep
+    num_threads: Optional[int] = _key("engine_kwargs.hf.num_threads", default=None)  # HF server; None: all cores
+    # the HF server as vLLM: rows decoded at once (the rest queue), prompt tokens per prefill forward
+    max_num_seqs: int = _key("max_num_seqs", default=256)
+    max_num_batched_tokens: int = _key("max_num_batched_tokens", default=8192)
+    trace_dir: Optional[str] = _key("custom.trace_dir", default=None)  # one JSONL of finished rollouts per replica
+    # None: off (no settings, method none, or full_determinism: rollout/speculator.py says why)
+    speculation: Optional[SpeculationConfig] = _key("custom.speculation", default=None)
+    speculation_keys: frozenset[str] = _key("custom.speculation", default=frozenset())  # the keys given
+    sampling: Mapping[str, Any] = _key(*SAMPLING_KEYS, default_factory=dict)  # the sampling options set
+    # what verl's vLLM rollout would run beside speculation (verl_ext.vllm.engine_args.check_vllm_rollout)
+    data_parallel_size: int = _key("data_parallel_size", "engine_kwargs.vllm.data_parallel_size", default=1)
+    engine_speculative_config: bool = _key("engine_kwargs.vllm.speculative_config", default=False)
+    mtp_rollout: bool = _key("mtp.enable", "mtp.enable_rollout", default=False)
+    disable_log_stats: bool = _key("disable_log_stats", default=True)
+
+    def __post_init__(self) -> None:
+        for name in ("full_determinism", "free_cache_engine"):
+            _check_bool(f"{self.PREFIX}.{name}", getattr(self, name))
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ConfigError(
+                f"{self.PREFIX}.n={self.n!r} is invalid: it is the number of responses per prompt, an integer >= 1 "
+                "(GRPO compares the responses of a prompt: use n >= 2, e.g. 8).")
+        if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
+            raise ConfigError(f"{self.PREFIX}.engine_kwargs.hf.num_threads={self.num_threads!r} is invalid: "
+                              "set a thread count >= 1, or drop it to use all cores.")
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{self.PREFIX}.{name}={value!r} is invalid: set an integer >= 1 "
+                                  f"(verl's default: {getattr(type(self), name)}).")
+        if self.speculation is not None:
+            self._check_speculation()
+
+    def _check_speculation(self) -> None:
+        from verl_ext.vllm.engine_args import check_vllm_rollout
+
+        try:
+            check_sampling_supported(self.sampling)
+            if self.name == "vllm":
+                check_vllm_rollout(self)
+        except ValueError as error:
+            raise ConfigError(f"{SPECULATION}: {error}") from None
+        if self.name not in ("hf", "vllm"):
+            raise ConfigError(
+                f"rollout.custom.speculation is served by rollout.name=hf or vllm, not {self.name}; set "
+                f"{SPECULATION}.method=none or use one of those rollouts.")
+
+
+_ULYSSES = "ulysses_sequence_parallel_size"
+
+
+@dataclass(frozen=True)
+class PrefixGrouperSettings:
+    """actor.use_prefix_grouper (actor and reference model), refused with what the shared-prefix engine does not do."""
+
+    PREFIX: ClassVar[str] = "actor_rollout_ref"
+    enabled: bool = _key("actor.use_prefix_grouper", default=False)
+    strategy: str = _key("actor.strategy", default="fsdp")
+    # key -> size, for each place verl reads a Ulysses size from
+    ulysses_sizes: Mapping[str, int] = _key(
+        *(f"{role}.{where}{_ULYSSES}" for role in ("actor", "ref") for where in ("", "fsdp_config.")),
+        default_factory=dict)
+    use_fused_kernels: bool = _key("model.use_fused_kernels", default=False)
+    pad_to_length: Mapping[str, bool] = _key("actor.fsdp_config.pad_to_length", "ref.fsdp_config.pad_to_length",
+                                             default_factory=dict)  # key -> value
+
+    def __post_init__(self) -> None:
+        flag = f"{self.PREFIX}.actor.use_prefix_grouper"
+        _check_bool(flag, self.enabled)
+        if not self.enabled:
+            return
+        flag += "=true"
+        if self.strategy not in ("fsdp", "fsdp2"):
+            raise ConfigError(f"{flag} needs {self.PREFIX}.actor.strategy fsdp or fsdp2, got {self.strategy}; "
+                              "change one of them.")
+        for key, size in self.ulysses_sizes.items():
+            if (size or 1) > 1:
+                raise ConfigError(f"{flag} does not support Ulysses sequence parallelism ({self.PREFIX}.{key}={size}); "
+                                  "set it to 1 or turn use_prefix_grouper off.")
+        if self.use_fused_kernels:
+            raise ConfigError(
+                f"{flag} does not support {self.PREFIX}.model.use_fused_kernels=true (the fused kernel never "
+                "materialises the logits the grouped forward selects); set one of them to false.")
+        for key, on in self.pad_to_length.items():
+            if on:
+                raise ConfigError(f"{flag} does not support {self.PREFIX}.{key}=true; set it to false.")
+
+
+@dataclass(frozen=True)
+class ExtensionSettings:
+    """verl_ext.*: the embedded default's build and the step report."""
+
+    PREFIX: ClassVar[str] = "verl_ext"
+    data_dir: str = _key("data_dir", default="data")  # where the embedded default is built and cached
+    report_dir: Optional[str] = _key("report_dir", default=None)  # per-step metrics (JSONL), summary and plot
+    demo_profile: DemoProfile = _key("demo_profile", default="full")  # the build of the embedded default
+
+    def __post_init__(self) -> None:
+        if self.demo_profile not in get_args(DemoProfile):
+            raise ConfigError(
+                f"verl_ext.demo_profile={self.demo_profile!r} is not a build of the embedded default; choose one of "
+                f"{sorted(get_args(DemoProfile))} (long: demo_cpu_long's answers of ~240 tokens).")
+
+
+@dataclass(frozen=True)
+class Settings:
+    trainer: TrainerSettings
+    rollout: RolloutSettings
+    prefix_grouper: PrefixGrouperSettings
+    extension: ExtensionSettings
+
+    def __post_init__(self) -> None:
+        rollout = self.rollout
+        if rollout.name == "vllm" and rollout.full_determinism and self.trainer.device == "cpu":
+            # vLLM 0.24.0's CPU workers fail every seeded request ("CPU Generator does not use offset"), the engine
+            # dies, and verl's replay buffer resubmits the step's prompts without end
+            raise ConfigError(
+                f"{rollout.PREFIX}.full_determinism=true needs seeded sampling, which vLLM's CPU backend cannot do; "
+                f"for a deterministic run on CPU use {rollout.PREFIX}.name=hf (or run vLLM on GPU).")
+        if rollout.n == 1 and self.prefix_grouper.enabled:
+            logger.warning(f"{rollout.PREFIX}.n=1 with use_prefix_grouper=true: each prompt has one response, so "
+                           "there is no prefix to share; the grouped forward computes what the standard one does.")
+
+
+# ---- the parser ---------------------------------------------------------------------------------------------
+
+
+def read_settings(config) -> Settings:
+    """verl's whole config (unresolved is fine: no key here points at the embedded default's build)."""
+    return Settings(
+        trainer=read_trainer_settings(_get(config, TrainerSettings.PREFIX)),
+        rollout=read_rollout_settings(_get(config, RolloutSettings.PREFIX)),
+        prefix_grouper=read_prefix_grouper(_get(config, PrefixGrouperSettings.PREFIX)),
+        extension=_read(ExtensionSettings, _known(_get(config, "verl_ext"), "verl_ext", _field_keys(ExtensionSettings))),
+    )
+
+
+def read_trainer_settings(trainer) -> TrainerSettings:
+    return _read(TrainerSettings, trainer)
+
+
+_CUSTOM_KEYS = ("speculation", "trace_dir")
+
+
+def read_rollout_settings(rollout) -> RolloutSettings:
+    """actor_rollout_ref.rollout: verl's DictConfig, or the RolloutConfig verl hands a rollout server."""
+    custom = _known(_get(rollout, "custom"), f"{RolloutSettings.PREFIX}.custom", _CUSTOM_KEYS)
+    given = _known(custom.get("speculation"), SPECULATION, [f.name for f in fields(SpeculationConfig)])
+    vllm_kwargs = _get(rollout, "engine_kwargs.vllm")
+    return _read(
+        RolloutSettings, rollout,
+        speculation=_speculation(given, _get(rollout, "full_determinism") is True),
+        speculation_keys=frozenset(given),
+        sampling={key: _plain(_get(rollout, key)) for key in SAMPLING_KEYS if _get(rollout, key) is not None},
+        data_parallel_size=max(int(_get(rollout, "data_parallel_size") or 1),
+                               int(_get(vllm_kwargs, "data_parallel_size") or 1)),
+        engine_speculative_config=bool(_get(vllm_kwargs, "speculative_config")),
+        mtp_rollout=bool(_get(rollout, "mtp.enable") and _get(rollout, "mtp.enable_rollout")),
+    )
+
+
+def read_prefix_grouper(actor_rollout_ref) -> PrefixGrouperSettings:
+    """actor_rollout_ref, as verl's driver holds it or verl hands it to the actor/rollout/reference worker."""
+    multi = {f.name: {key: _get(actor_rollout_ref, key) for key in f.metadata["keys"]}
+             for f in fields(PrefixGrouperSettings) if len(f.metadata["keys"]) > 1}
+    return _read(PrefixGrouperSettings, actor_rollout_ref, **multi)
+
+
+def _speculation(given: dict, full_determinism: bool) -> Optional[SpeculationConfig]:
+    if not given:
+        return None
+    try:
+        config = SpeculationConfig(**given)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{SPECULATION}: {error}") from None
+    if config.method != "none" and full_determinism:
+        logger.warning("rollout.full_determinism: speculation is off (a seeded request's tokens follow its drafts, "
+                       "and drafts follow how the step's requests arrive); rollouts repeat, without its speed-up")
+        return None
+    return None if config.method == "none" else config
+
+
+# ---- reading a section --------------------------------------------------------------------------------------
+
+
+def _read(cls, section, **derived):
+    """``cls`` from ``section``: each field from its one key, unless ``derived`` gives it (several keys)."""
+    values = {}
+    for f in fields(cls):
+        if f.name not in derived:
+            (key,) = f.metadata["keys"]
+            values[f.name] = _plain(_get(section, key, None if f.default is MISSING else f.default))
+    return cls(**values, **derived)
+
+
+def _get(section, key: str, default=None):
+    """``section``'s value at dotted ``key``: DictConfig, dict and verl's config dataclasses alike."""
+    for name in key.split("."):
+        if section is None:
+            return default
+        section = section.get(name)
+    return default if section is None else section
+
+
+def _known(section, where: str, known) -> dict:
+    """``section`` as a plain dict; a key verl_ext does not read is refused, never ignored."""
+    values = _plain(section) or {}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown keys {unknown} under {where}; verl_ext reads {sorted(known)}.")
+    return values
+
+
+def _plain(value):
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) or OmegaConf.is_list(value) \
+        else value
+
+
+def _field_keys(cls) -> list[str]:
+    return [key for f in fields(cls) for key in f.metadata["keys"]]
+
+
+def _check_bool(key: str, value) -> None:
+    # a value such as `maybe` is truthy: without this it would silently switch a feature on
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r} is not a boolean; set it to true or false.")
+
+
+def _check_choice(key: str, value, choices, fix: str) -> None:
+    if value not in get_args(choices):
+        raise ConfigError(f"{key}={value} is not supported; {fix}")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# ---- the keys ---------------------------------------------------------------------------------------------------
+
+# verl's own keys that verl_ext's modules read with verl's meaning (verl validates them): the start-up checks
+# of paths and Ray, the rollout servers, the trainer and the workers.
+VERL_KEYS = frozenset({
+    "actor_rollout_ref.model.path", "data.train_files", "data.val_files", "reward.custom_reward_function.path",
+    "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.logger", "trainer.total_training_steps",
+    "ray_kwargs.ray_init.address", "ray_kwargs.ray_init.num_cpus", "ray_kwargs.ray_init.num_gpus",
+    "ray_kwargs.ray_init.runtime_env.env_vars.TQ_NUM_THREADS",
+    "actor_rollout_ref.rollout.dtype", "actor_rollout_ref.rollout.load_format",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.rollout.pipeline_model_parallel_size",
+})
+
+SECTIONS = (TrainerSettings, RolloutSettings, PrefixGrouperSettings, ExtensionSettings)
+# every key parsed here, with its section's prefix
+PARSED_KEYS = frozenset(f"{cls.PREFIX}.{key}" for cls in SECTIONS for key in _field_keys(cls))
+DECLARED_KEYS = PARSED_KEYS | VERL_KEYS | {f"{SPECULATION}.{f.name}" for f in fields(SpeculationConfig)}
