@@ -31,7 +31,7 @@ from verl_ext.speculation.config import SAMPLING_KEYS, SpeculationConfig, check_
 logger = logging.getLogger(__name__)
 
 Device = Literal["cpu", "cuda", "npu"]
-DemoProfile = Literal["full", "long"]  # the builds of verl_ext.demo.build.PROFILES
+DemoProfile = Literal["full", "long", "test"]  # the builds of verl_ext.demo.build.PROFILES
 SPECULATION = "actor_rollout_ref.rollout.custom.speculation"
 
 
@@ -78,6 +78,8 @@ class RolloutSettings:
     response_length: int = _key("response_length", default=512)
     full_determinism: bool = _key("full_determinism", default=False)  # seeds of each request's own
     free_cache_engine: bool = _key("free_cache_engine", default=True)  # HF on an accelerator: offload when asleep
+    max_num_seqs: int = _key("max_num_seqs", default=256)  # rows the HF engine decodes at once
+    max_num_batched_tokens: int = _key("max_num_batched_tokens", default=8192)  # prompt tokens per HF prefill
     num_threads: Optional[int] = _key("engine_kwargs.hf.num_threads", default=None)  # HF server; None: all cores
     # the HF server as vLLM: rows decoded at once (the rest queue), prompt tokens per prefill forward
     max_num_seqs: int = _key("max_num_seqs", default=256)
@@ -100,6 +102,10 @@ class RolloutSettings:
             raise ConfigError(
                 f"{self.PREFIX}.n={self.n!r} is invalid: it is the number of responses per prompt, an integer >= 1 "
                 "(GRPO compares the responses of a prompt: use n >= 2, e.g. 8).")
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{self.PREFIX}.{name}={value!r} is invalid: set an integer >= 1.")
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
             raise ConfigError(f"{self.PREFIX}.engine_kwargs.hf.num_threads={self.num_threads!r} is invalid: "
                               "set a thread count >= 1, or drop it to use all cores.")
@@ -190,15 +196,15 @@ class Settings:
     extension: ExtensionSettings
 
     def __post_init__(self) -> None:
-        rollout = self.rollout
-        if rollout.name == "vllm" and rollout.full_determinism and self.trainer.device == "cpu":
+        where = RolloutSettings.PREFIX
+        if self.rollout.name == "vllm" and self.rollout.full_determinism and self.trainer.device == "cpu":
             # vLLM 0.24.0's CPU workers fail every seeded request ("CPU Generator does not use offset"), the engine
             # dies, and verl's replay buffer resubmits the step's prompts without end
             raise ConfigError(
-                f"{rollout.PREFIX}.full_determinism=true needs seeded sampling, which vLLM's CPU backend cannot do; "
-                f"for a deterministic run on CPU use {rollout.PREFIX}.name=hf (or run vLLM on GPU).")
-        if rollout.n == 1 and self.prefix_grouper.enabled:
-            logger.warning(f"{rollout.PREFIX}.n=1 with use_prefix_grouper=true: each prompt has one response, so "
+                f"{where}.full_determinism=true needs seeded sampling, which vLLM's CPU backend cannot do; "
+                f"for a deterministic run on CPU use {where}.name=hf (or run vLLM on GPU).")
+        if self.rollout.n == 1 and self.prefix_grouper.enabled:
+            logger.warning(f"{where}.n=1 with use_prefix_grouper=true: each prompt has one response, so "
                            "there is no prefix to share; the grouped forward computes what the standard one does.")
 
 
@@ -321,7 +327,9 @@ def _is_number(value) -> bool:
 # of paths and Ray, the rollout servers, the trainer and the workers.
 VERL_KEYS = frozenset({
     "actor_rollout_ref.model.path", "data.train_files", "data.val_files", "reward.custom_reward_function.path",
+    "data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size",
     "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.logger", "trainer.total_training_steps",
+    "trainer.critic_warmup", "trainer.default_local_dir", "trainer.resume_mode", "trainer.resume_from_path",
     "ray_kwargs.ray_init.address", "ray_kwargs.ray_init.num_cpus", "ray_kwargs.ray_init.num_gpus",
     "ray_kwargs.ray_init.runtime_env.env_vars.TQ_NUM_THREADS",
     "actor_rollout_ref.rollout.dtype", "actor_rollout_ref.rollout.load_format",

@@ -84,27 +84,27 @@ def check_settings(method: str, given: Iterable[str]) -> None:
         )
 
 
-def check_vllm_rollout(rollout: RolloutSettings) -> None:
+def check_vllm_rollout(settings: RolloutSettings) -> None:
     """Start-up check of a vLLM rollout with speculation on (the schema runs it); ValueError says the fix."""
-    method = rollout.speculation.method
-    check_settings(method, rollout.speculation_keys)
-    if rollout.engine_speculative_config:
+    method = settings.speculation.method
+    check_settings(method, settings.speculation_keys)
+    if settings.engine_speculative_config:
         raise ValueError(
             "rollout.engine_kwargs.vllm.speculative_config is set as well: verl_ext builds it from "
             "rollout.custom.speculation; keep one of them."
         )
-    if method == "ngram_rl" and rollout.data_parallel_size > 1:
+    if method == "ngram_rl" and settings.data_parallel_size > 1:
         raise ValueError(
             f"method=ngram_rl keeps each prompt's history inside one vLLM engine, and data_parallel_size="
-            f"{rollout.data_parallel_size} runs that many engines per replica, each seeing only the requests routed "
+            f"{settings.data_parallel_size} runs that many engines per replica, each seeing only the requests routed "
             "to it; set actor_rollout_ref.rollout.data_parallel_size=1 (scale out with more replicas or tensor "
             "parallelism)."
         )
-    if rollout.mtp_rollout:
+    if settings.mtp_rollout:
         raise ValueError(
             "actor_rollout_ref.model.mtp.enable_rollout replaces vLLM's speculative_config with MTP; turn one off."
         )
-    if rollout.disable_log_stats:
+    if settings.disable_log_stats:
         raise ValueError(
             "rollout/spec/* metrics come from vLLM's stat loggers, which rollout.disable_log_stats=true turns off; "
             "set actor_rollout_ref.rollout.disable_log_stats=false."
