@@ -250,7 +250,10 @@ def reaches() -> list[Reach]:
 
 def test_no_upstream_private_name_outside_compat(reaches):
     stray = [r for r in reaches if (r.path, r.name) not in PENDING]
-    assert not stray, "upstream private names outside verl_ext/compat (move them there):\n" + "\n".join(map(str, stray))
+    assert not stray, (
+        "upstream private names outside verl_ext/compat (move them there; one of another library, such as "
+        "transformers, goes in OTHER_LIBRARIES):\n" + "\n".join(map(str, stray))
+    )
 
 
 def test_pending_reaches_are_still_there(reaches):
@@ -393,6 +396,24 @@ def test_data_parallel_size_reads_and_fills_the_dispatch_info():
     group = WorkerGroup()
     assert data_parallel_size(group, "actor") == 3
     assert group._dispatch_info == {"actor": [0, 0, 1, 1, 2, 2]}
+
+
+def test_also_mutable_frees_a_field_of_the_subclass_only():
+    import dataclasses
+
+    from verl.workers.config import FSDPEngineConfig
+
+    from verl_ext.compat.verl import also_mutable
+
+    @also_mutable("strategy")
+    @dataclasses.dataclass
+    class Config(FSDPEngineConfig):
+        pass
+
+    config = Config(strategy="fsdp")
+    config.strategy = "fsdp2"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        FSDPEngineConfig(strategy="fsdp").strategy = "fsdp2"
 
 
 # ---- the version checks ---------------------------------------------------------------------------------------------
