@@ -70,7 +70,10 @@ def _literal(node):
 def _selected(call: ast.Call, typed):
     """The key path of ``OmegaConf.select(section, "a.b")`` / ``_get(section, "a.b")``, else None."""
     func = call.func
-    name = (getattr(func.value, "id", None), func.attr) if isinstance(func, ast.Attribute) else (None, getattr(func, "id", None))
+    if isinstance(func, ast.Attribute):
+        name = (getattr(func.value, "id", None), func.attr)
+    else:
+        name = (None, getattr(func, "id", None))
     if name not in SELECTORS or len(call.args) < 2 or _literal(call.args[1]) is None:
         return None
     section = _chain(call.args[0], typed)
@@ -188,6 +191,8 @@ def test_a_plain_config_parses():
     ({"actor_rollout_ref": {"rollout": {"custom": {"speculation": {"verify_cost_table": [[8]]}}}}},
      "verify_cost_table"),
     ({"actor_rollout_ref": {"rollout": {"engine_kwargs": {"hf": {"num_threads": 0}}}}}, "num_threads=0"),
+    ({"actor_rollout_ref": {"rollout": {"engine_kwargs": {"hf": {"threads": 2}}}}},
+     "under actor_rollout_ref.rollout.engine_kwargs.hf"),
     ({"actor_rollout_ref": {"rollout": {"max_num_seqs": 0}}}, "max_num_seqs=0"),
     ({"actor_rollout_ref": {"rollout": {"free_cache_engine": "yes"}}}, "free_cache_engine='yes' is not a boolean"),
     ({"actor_rollout_ref": {"actor": {"use_prefix_grouper": True, "strategy": "megatron"}}}, "fsdp or fsdp2"),

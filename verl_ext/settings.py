@@ -217,12 +217,16 @@ def read_settings(config) -> Settings:
         trainer=read_trainer_settings(_get(config, TrainerSettings.PREFIX)),
         rollout=read_rollout_settings(_get(config, RolloutSettings.PREFIX)),
         prefix_grouper=read_prefix_grouper(_get(config, PrefixGrouperSettings.PREFIX)),
-        extension=_read(ExtensionSettings, _known(_get(config, "verl_ext"), "verl_ext", _field_keys(ExtensionSettings))),
+        extension=read_extension_settings(_get(config, ExtensionSettings.PREFIX)),
     )
 
 
 def read_trainer_settings(trainer) -> TrainerSettings:
     return _read(TrainerSettings, trainer)
+
+
+def read_extension_settings(section) -> ExtensionSettings:
+    return _read(ExtensionSettings, _known(section, ExtensionSettings.PREFIX, _field_keys(ExtensionSettings)))
 
 
 _CUSTOM_KEYS = ("speculation", "trace_dir")
@@ -232,6 +236,7 @@ def read_rollout_settings(rollout) -> RolloutSettings:
     """actor_rollout_ref.rollout: verl's DictConfig, or the RolloutConfig verl hands a rollout server."""
     custom = _known(_get(rollout, "custom"), f"{RolloutSettings.PREFIX}.custom", _CUSTOM_KEYS)
     given = _known(custom.get("speculation"), SPECULATION, [f.name for f in fields(SpeculationConfig)])
+    _known(_get(rollout, "engine_kwargs.hf"), f"{RolloutSettings.PREFIX}.engine_kwargs.hf", ["num_threads"])
     vllm_kwargs = _get(rollout, "engine_kwargs.vllm")
     return _read(
         RolloutSettings, rollout,

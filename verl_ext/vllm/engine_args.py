@@ -74,7 +74,7 @@ def drafter_settings(config: SpeculationConfig) -> dict[str, Any]:
 
 
 def check_settings(method: str, given: Iterable[str]) -> None:
-    """Raise ValueError for settings ``given`` under rollout.name=vllm that vLLM's route for ``method`` does not read."""
+    """Raise ValueError for the settings ``given`` under rollout.name=vllm that vLLM's ``method`` does not read."""
     unread = sorted(set(given) - VLLM_SETTINGS[method])
     if unread:
         raise ValueError(
