@@ -155,5 +155,5 @@ def test_every_call_returns_once_under_aborts_and_weight_syncs(server):
             assert out.token_ids
     assert counts["abort"] + counts["abort_drain"] > 0 and reasons["completed"] > 0
     assert not server.engine.rows and server.engine.batch is None  # no row and no KV cache left
-    assert not server._waiting and server._inbox.empty()
+    assert not server._waiting and not server._backlog and server._inbox.empty()
     print(f"{REQUESTS} calls in {elapsed:.1f}s: {reasons}; interleaved {counts}")

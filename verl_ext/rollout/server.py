@@ -2,13 +2,16 @@
 
 verl's agent loop sends one ``generate`` per sample, concurrently. They are queued here and a single engine
 thread folds them into one continuously batched decode loop (``HFGenerationEngine``), so a GRPO batch runs as
-one batch however its requests arrive. Weight updates and sleep/wake from verl's checkpoint engine take the
+one batch however its requests arrive: up to ``rollout.max_num_seqs`` rows at once, the rest queued, the
+samples of a prompt admitted together (rollout/admission.py). Weight updates and sleep/wake from verl's checkpoint engine take the
 same lock as the decode loop, so they never land in the middle of a step.
 
 ``abort_all_requests`` aborts every request submitted before it: those in the engine and those still queued.
 """
 
 import asyncio
+import collections
+import functools
 import logging
 import os
 import queue
@@ -20,6 +23,7 @@ from typing import Any, Optional
 import torch
 from verl.workers.rollout.replica import TokenOutput
 
+from verl_ext.rollout.admission import admission_order, prefill_chunks
 from verl_ext.rollout.engine import HFGenerationEngine
 from verl_ext.rollout.model_loading import as_model_config, load_rollout_model, rollout_device, stop_token_ids
 from verl_ext.rollout.request_seeds import RequestSeeds
@@ -38,6 +42,10 @@ class _Pending:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     aborts_before: int  # abort_all_requests calls made before this request was submitted
+
+    @functools.cached_property
+    def prompt_key(self) -> tuple[int, ...]:
+        return tuple(self.request.prompt_ids)
 
 
 class HFRolloutServer:
@@ -64,7 +72,10 @@ class HFRolloutServer:
         # and the engine's rows change together under it, from every thread (decode, abort, failure), so a
         # handle is in _waiting exactly while its row is in the engine.
         self._lock = threading.Lock()
-        self._inbox: "queue.Queue[_Pending]" = queue.Queue()  # submitted, not yet in the engine
+        self._inbox: "queue.Queue[_Pending]" = queue.Queue()  # submitted, not yet taken by the decode thread
+        # taken from the inbox, waiting for a row (the engine holds max_num_seqs); under _lock, added to by the
+        # decode thread only
+        self._backlog: collections.deque[_Pending] = collections.deque()
         self._waiting: dict[int, _Pending] = {}  # engine handle -> its caller; under _lock
         self._aborts_applied = 0  # abort_all_requests calls that have aborted the engine; under _lock
         self._aborts_issued = 0  # abort_all_requests calls made; event loop only
@@ -184,12 +195,13 @@ class HFRolloutServer:
             items: list[_Pending] = []  # taken from the inbox, in neither the engine nor done yet
             done: list[tuple[_Pending, GenerationResult]] = []
             try:
-                items = [] if self.engine.has_work else [self._inbox.get()]  # idle: block until there is work
+                # idle: block until there is work (the backlog is only added to on this thread)
+                items = [] if self.engine.has_work or self._backlog else [self._inbox.get()]
                 start = time.perf_counter()
                 with self._lock:
-                    items += self._drain_inbox()
-                    done = self._admit_locked(items)
+                    self._backlog.extend(items + self._drain_inbox())
                     items = []
+                    done = self._admit_locked()
                     finished = self.engine.step() if self.engine.has_work else {}
                     done += [(self._waiting.pop(handle), result) for handle, result in finished.items()]
                     self._tokens += sum(len(result.token_ids) for result in finished.values())
@@ -204,7 +216,8 @@ class HFRolloutServer:
         with self._lock:
             self.engine.abort_all()
             waiting, self._waiting = self._waiting, {}
-            failed = [*waiting.values(), *held, *self._drain_inbox()]
+            failed = [*waiting.values(), *held, *self._backlog, *self._drain_inbox()]
+            self._backlog.clear()
         for pending in failed:
             pending.loop.call_soon_threadsafe(_reject, pending.future, error)
 
@@ -216,14 +229,31 @@ class HFRolloutServer:
             except queue.Empty:
                 return items
 
-    def _admit_locked(self, items: list[_Pending]) -> list[tuple[_Pending, GenerationResult]]:
-        """Add ``items`` to the engine and the table; those submitted before an abort that has run come back
-        aborted instead. Caller holds _lock."""
-        stale = [p for p in items if p.aborts_before < self._aborts_applied]
-        fresh = [p for p in items if p.aborts_before >= self._aborts_applied]
-        if fresh:
-            handles = self.engine.add([p.request for p in fresh])
-            self._waiting.update(zip(handles, fresh, strict=True))
+    def _admit_locked(self) -> list[tuple[_Pending, GenerationResult]]:
+        """Move the backlog's oldest requests into the engine and the table, up to ``max_num_seqs`` rows, in
+        prefill forwards of at most ``max_num_batched_tokens``; those submitted before an abort that has run come
+        back aborted instead. Caller holds _lock."""
+        done = self._take_stale_locked()
+        room = self.settings.max_num_seqs - len(self.engine.rows)
+        if room <= 0 or not self._backlog:
+            return done
+        backlog = list(self._backlog)
+        chosen = [backlog[i] for i in admission_order([p.prompt_key for p in backlog], room)]
+        start = 0
+        for size in prefill_chunks([p.request.prompt_ids for p in chosen], room, self.settings.max_num_batched_tokens):
+            admitted = chosen[start:start + size]
+            handles = self.engine.add([p.request for p in admitted])  # if it fails, _fail_all finds them queued
+            self._waiting.update(zip(handles, admitted, strict=True))
+            start += size
+        taken = set(map(id, chosen))
+        self._backlog = collections.deque(p for p in backlog if id(p) not in taken)
+        return done
+
+    def _take_stale_locked(self) -> list[tuple[_Pending, GenerationResult]]:
+        """The backlog's requests submitted before an abort that has run, as aborted results. Caller holds _lock."""
+        stale = [p for p in self._backlog if p.aborts_before < self._aborts_applied]
+        if stale:
+            self._backlog = collections.deque(p for p in self._backlog if p.aborts_before >= self._aborts_applied)
         return [(p, GenerationResult([], [], "aborted")) for p in stale]
 
     def _deliver(self, done: list[tuple[_Pending, GenerationResult]]) -> None:
@@ -236,12 +266,13 @@ class HFRolloutServer:
             self._span[1] = time.perf_counter()
 
     def _abort_locked(self, aborts_issued: int) -> int:
-        """Abort the engine's requests; those still queued come back aborted when the decode thread takes them
-        (``_admit_locked``). Returns how many the engine held."""
+        """Abort the engine's requests and the backlog's; those still in the inbox come back aborted when the
+        decode thread takes them (``_admit_locked``). Returns how many the engine held."""
         with self._lock:
             self._aborts_applied = max(self._aborts_applied, aborts_issued)
             aborted = self.engine.abort_all()
             done = [(self._waiting.pop(handle), result) for handle, result in aborted.items()]
+            done += self._take_stale_locked()
         self._deliver(done)
         return len(aborted)
 
