@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl_ext import compat, preflight, report
 from verl_ext.demo_resolver import register_demo_resolver
+from verl_ext.settings import read_extension_settings
 
 DEFAULT_RECIPE = "demo_cpu"
 
@@ -49,7 +50,7 @@ def _run(config: DictConfig) -> None:
 
 def _enable_step_report(config: DictConfig) -> Optional[Path]:
     """With ``verl_ext.report_dir`` set and verl's ``file`` logger on, route its JSONL there for the report."""
-    report_dir = OmegaConf.select(config, "verl_ext.report_dir")
+    report_dir = read_extension_settings(config.get("verl_ext")).report_dir
     if not report_dir or "file" not in config.trainer.logger:
         return None
     metrics_path = Path(report_dir).expanduser().resolve() / "metrics.jsonl"

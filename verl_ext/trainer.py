@@ -4,7 +4,8 @@ Selected with ``trainer.v1.trainer_mode=verl_ext`` (the recipes do). verl 0.9.1 
 classes in ``PPOTrainer._init_resource_pool_mgr``; its trainer registry is the supported way to swap them.
 On top of verl's step it logs the rollout's speculation counters, keeps the n-gram history in checkpoints,
 puts each step's batch in a reproducible order and, with ``actor.use_prefix_grouper``, balances whole prompt
-groups instead of single samples.
+groups instead of single samples. It overrides verl's private trainer hooks under their public names
+(``verl_ext.compat.verl.TrainerHooks``) and reads its settings from ``verl_ext.settings``.
 """
 
 import itertools
@@ -16,9 +17,10 @@ from verl.utils.seqlen_balancing import log_seqlen_unbalance
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
+from verl_ext.compat.verl import TrainerHooks, data_parallel_size
 from verl_ext.grouping import balance_groups, uid_groups
 from verl_ext.rollout.health import dead_servers, replica_died_error
-from verl_ext.rollout.speculator import build_speculation_config
+from verl_ext.settings import Settings, read_settings
 from verl_ext.speculation import state_files
 from verl_ext.workers import ActorRolloutRefWorker, TrainingWorker
 
@@ -35,9 +37,10 @@ _WORKER_FOR_ROLE = {
 
 
 @register_trainer(TRAINER_MODE)
-class VerlExtTrainer(PPOTrainerSync):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+class VerlExtTrainer(TrainerHooks, PPOTrainerSync):
+    def __init__(self, config, *args, **kwargs):
+        self.settings: Settings = read_settings(config)  # before verl's __init__, which builds the replay buffer
+        super().__init__(config, *args, **kwargs)
         self._prompt_position: dict[str, int] = {}  # uid -> order in which the dataloader produced it
         self._prompt_counter = itertools.count()
 
@@ -63,24 +66,24 @@ class VerlExtTrainer(PPOTrainerSync):
                 raise replica_died_error(dead, self.global_steps) from error
             raise
 
-    def _build_replay_buffer(self):
+    def build_replay_buffer(self):
         # verl polls its replay buffer every 2 s while a step's rollouts finish: on a small job that rounds every
         # rollout up to a 2 s tick. trainer.v1.sampler.poll_interval (seconds) sets the tick.
-        replay_buffer = super()._build_replay_buffer()
-        poll_interval = self.config.trainer.v1.sampler.get("poll_interval")
+        replay_buffer = super().build_replay_buffer()
+        poll_interval = self.settings.trainer.poll_interval
         if poll_interval is not None:
             replay_buffer.poll_interval = float(poll_interval)
         return replay_buffer
 
-    def _init_resource_pool_mgr(self):
-        super()._init_resource_pool_mgr()
+    def init_resource_pool_mgr(self):
+        super().init_resource_pool_mgr()
         for role in self.role_worker_mapping:
             self.role_worker_mapping[role] = ray.remote(_WORKER_FOR_ROLE[role])
 
     # ---- batch order and balance --------------------------------------------------------------------------
 
-    def _fetch_one_gen_batch(self):
-        batch = super()._fetch_one_gen_batch()
+    def fetch_one_gen_batch(self):
+        batch = super().fetch_one_gen_batch()
         for uid in list(batch["uid"]):
             self._prompt_position[uid] = next(self._prompt_counter)
         return batch
@@ -98,16 +101,14 @@ class VerlExtTrainer(PPOTrainerSync):
         for key in batch.keys:
             self._prompt_position.pop(key.rsplit("_", 2)[0], None)
 
-    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+    def balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
         """verl balances single samples over the data-parallel ranks, which scatters each prompt's rollouts; the
         shared-prefix forward needs them together. verl's pass still pads the batch to a divisible size; then
         whole uid groups are placed per rank and per update mini-batch (verl_ext.grouping.balance)."""
         self._in_submission_order(batch)
-        batch = super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)
-        if not self.config.actor_rollout_ref.actor.get("use_prefix_grouper", False):
+        batch = super().balance_batch(batch, metrics, logging_prefix, keep_minibatch)
+        if not self.settings.prefix_grouper.enabled:
             return batch
-        from verl_ext.compat.verl import data_parallel_size
-
         dp_size = data_parallel_size(self.actor_rollout_wg, "actor")
         uids = [key.rsplit("_", 2)[0] for key in batch.keys]  # keys are {uid}_{session_id}_{index}
         groups = uid_groups(uids, [t["prompt_len"] for t in batch.tags], [t["response_len"] for t in batch.tags])
@@ -120,7 +121,7 @@ class VerlExtTrainer(PPOTrainerSync):
     def _update_mini_batches(self, batch_size: int, dp_size: int) -> int:
         """How many mini-batches the actor update cuts each rank's slice into (1 when it does not update)."""
         actor = self.config.actor_rollout_ref.actor
-        global_mini = actor.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n
+        global_mini = actor.ppo_mini_batch_size * self.settings.rollout.n
         updates = self.config.trainer.critic_warmup <= self.global_steps
         if not updates or batch_size % global_mini or global_mini % dp_size:
             return 1
@@ -128,13 +129,13 @@ class VerlExtTrainer(PPOTrainerSync):
 
     # ---- metrics ------------------------------------------------------------------------------------------
 
-    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
-        super()._compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
+    def compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        super().compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
         metrics.update(self._rollout_metrics(metrics))
 
     def _rollout_metrics(self, metrics: dict) -> dict:
         out = {}
-        samples = self.config.data.train_batch_size * self.config.actor_rollout_ref.rollout.n
+        samples = self.config.data.train_batch_size * self.settings.rollout.n
         if metrics.get("timing_s/gen"):
             out["rollout/tokens_per_s"] = metrics["response_length/mean"] * samples / metrics["timing_s/gen"]
         per_server = ray.get([s.rollout_metrics.remote() for s in self._verl_ext_servers()])
@@ -154,20 +155,20 @@ class VerlExtTrainer(PPOTrainerSync):
     def _verl_ext_servers(self) -> list:
         """First server of each replica: verl_ext's HF and vLLM servers answer rollout_metrics and
         speculation_state (a vLLM replica's other servers are headless nodes of the same engine)."""
-        if self.config.actor_rollout_ref.rollout.name not in ("hf", "vllm"):
+        if self.settings.rollout.name not in ("hf", "vllm"):
             return []
         return [replica.servers[0] for replica in self.llm_server_manager.get_replicas()]
 
     # ---- checkpoints --------------------------------------------------------------------------------------
 
-    def _save_checkpoint(self):
+    def save_checkpoint(self):
         # written before verl's tracker file, so a checkpoint that resumes always has its history
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         self._save_speculation_state(os.path.join(folder, SPECULATION_STATE_DIR))
-        super()._save_checkpoint()
+        super().save_checkpoint()
 
-    def _load_checkpoint(self):
-        super()._load_checkpoint()
+    def load_checkpoint(self):
+        super().load_checkpoint()
         folder = self._resumed_folder()
         if folder is not None:
             self._load_speculation_state(os.path.join(folder, SPECULATION_STATE_DIR))
@@ -178,7 +179,7 @@ class VerlExtTrainer(PPOTrainerSync):
             state_files.save_states(directory, states)
 
     def _load_speculation_state(self, directory: str) -> None:
-        if build_speculation_config(self.config.actor_rollout_ref.rollout) is None:
+        if self.settings.rollout.speculation is None:
             return
         servers = self._verl_ext_servers()
         states = state_files.load_states(directory, len(servers))

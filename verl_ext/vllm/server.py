@@ -1,9 +1,9 @@
 """verl 0.9.1's vLLM server and replica, with ``rollout.custom.speculation`` wired in.
 
 Registered under ``rollout.name=vllm`` (``verl_ext.registration``); without speculation settings it behaves as
-verl's own. Through verl's subclass hooks, no patching:
-- ``_preprocess_engine_kwargs``: adds vLLM's ``speculative_config`` built from the settings (engine_args);
-- ``_get_worker_extension_cls``: verl's worker extension plus ours (worker_extension);
+verl's own. Through verl's subclass hooks (public names from ``verl_ext.compat.verl.VllmServerHooks``), no patching:
+- ``preprocess_engine_kwargs``: adds vLLM's ``speculative_config`` built from the settings (engine_args);
+- ``worker_extension_cls``: verl's worker extension plus ours (worker_extension);
 - ``run_server``: once the engine is up, hands the ngram_rl proposer its model runner and settings;
 - ``generate``: under ``rollout.full_determinism``, a seed of the request's own (rollout/request_seeds.py: verl
   seeds every request alike, so a GRPO group's samples would be one response).
@@ -16,6 +16,7 @@ import functools
 import ray
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
 
+from verl_ext.compat.verl import VllmServerHooks
 from verl_ext.rollout.request_seeds import RequestSeeds
 from verl_ext.settings import RolloutSettings, read_rollout_settings
 from verl_ext.speculation import SpecMetrics
@@ -34,7 +35,7 @@ def _first_answer(results: list):
     return next((r for r in results if r is not None), None)
 
 
-class VerlExtvLLMServer(vLLMHttpServer):
+class VerlExtvLLMServer(VllmServerHooks, vLLMHttpServer):
     _spec_seen = VllmSpecTotals()  # vLLM's totals at the last rollout_metrics()
 
     @functools.cached_property
@@ -51,13 +52,13 @@ class VerlExtvLLMServer(vLLMHttpServer):
     def _ngram_rl(self) -> bool:
         return self.speculation is not None and self.speculation.method == "ngram_rl"
 
-    def _preprocess_engine_kwargs(self, engine_kwargs: dict) -> None:
-        super()._preprocess_engine_kwargs(engine_kwargs)
+    def preprocess_engine_kwargs(self, engine_kwargs: dict) -> None:
+        super().preprocess_engine_kwargs(engine_kwargs)
         speculative_config = vllm_speculative_config(self.speculation)
         if speculative_config is not None:
             engine_kwargs["speculative_config"] = speculative_config
 
-    def _get_worker_extension_cls(self) -> str:
+    def worker_extension_cls(self) -> str:
         return WORKER_EXTENSION
 
     @functools.cached_property

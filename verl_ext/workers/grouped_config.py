@@ -15,17 +15,18 @@ import dataclasses
 
 from verl.workers.config import FSDPEngineConfig, TrainingWorkerConfig
 
+from verl_ext.compat.verl import also_mutable
+
 GROUPED_BACKENDS = {"fsdp": "verl_ext_fsdp", "fsdp2": "verl_ext_fsdp2"}  # verl strategy -> grouped backend
 _VERL_STRATEGY = {grouped: verl for verl, grouped in GROUPED_BACKENDS.items()}
 
 
+@also_mutable("strategy")
 @dataclasses.dataclass
 class GroupedFSDPEngineConfig(FSDPEngineConfig):
     """verl's FSDPEngineConfig whose `strategy` names a grouped backend, so that verl's TrainingWorker, which
     looks its engine up by `strategy`, builds the grouped one. verl's own check of the name sees the FSDP
     version it stands for."""
-
-    _mutable_fields = FSDPEngineConfig._mutable_fields | {"strategy"}
 
     def __post_init__(self):
         grouped, self.strategy = self.strategy, _VERL_STRATEGY[self.strategy]

@@ -49,10 +49,6 @@ class _GroupedForward:
         if isinstance(engine_config, GroupedFSDPEngineConfig):
             engine_config = engine_config.as_verl_config()
         super().__init__(model_config, engine_config, optimizer_config, checkpoint_config)
-        if self.use_ulysses_sp:
-            raise ValueError("use_prefix_grouper does not support Ulysses sequence parallelism (sequence parallel size > 1)")
-        if self.pad_to_length:
-            raise ValueError("use_prefix_grouper does not support pad_to_length (static packed shapes)")
 
     # ---- micro-batches -----------------------------------------------------------------------------
 
