@@ -3,7 +3,7 @@
 CPU (always runs): the autograd function's bookkeeping (segments call, cross call, LSE merge,
 ring-attention backward with the merged out/lse) with flash-attn's two varlen ops replaced by a
 PyTorch stand-in that has the same contract; checked in fp64 against the SDPA path.
-CUDA (skipped without CUDA and flash-attn >= 2.7): the real kernels in bf16, whose error against
+CUDA (skipped without CUDA and flash-attn 2.8.3): the real kernels in bf16, whose error against
 an fp64 reference must be at most twice that of a plain bf16 attention (flash-attn's own rule).
 """
 
@@ -134,7 +134,7 @@ def _flash_runs() -> bool:
     return torch.cuda.is_available() and flash_unusable_reason(torch.empty(1, 1, 1, 64, device="cuda", dtype=torch.bfloat16)) is None
 
 
-gpu = pytest.mark.skipif(not _flash_runs(), reason="needs CUDA and flash-attn >= 2.7")
+gpu = pytest.mark.skipif(not _flash_runs(), reason="needs CUDA and flash-attn 2.8.3")
 
 
 def _dense_bf16_attention(q, k, v, batch, scale):

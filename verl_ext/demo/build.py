@@ -31,7 +31,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pandas as pd
 import torch
@@ -41,6 +41,7 @@ from verl_ext.demo import reward, task
 from verl_ext.demo.model import ModelShape, build_config, build_model
 from verl_ext.demo.tokenizer import save_tokenizer, train_tokenizer
 from verl_ext.demo.warmstart import SFTConfig, answer_ids, mean_sampled_reward, prompt_ids, supervised_warm_start
+from verl_ext.settings import DemoProfile as ProfileName
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,6 @@ REQUIRED_FILES = (
     REPORT_NAME,
 )
 
-ProfileName = Literal["full", "test", "long"]
 EXTRA_SEED = 1234  # new task examples for DemoAssets.prompt_ids beyond the built prompts
 
 

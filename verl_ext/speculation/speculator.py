@@ -41,7 +41,7 @@ class Speculator:
             prefetcher = DraftPrefetcher(self.drafter, config.prefetch_candidates, config.num_draft_tokens,
                                          threaded=config.prefetch_worker == "thread")
         self.prefetcher = prefetcher
-        self.lengths = AdaptiveDraftLength.from_config(config)
+        self.lengths = AdaptiveDraftLength.from_config(config, device_type)
         self._metrics = SpecMetrics()
         self._observed: list[tuple[int, Sequence[int], Sequence[int]]] = []  # not yet given to the drafter
         self._last_ids: set[int] = set()  # seq_ids of the previous propose call

@@ -158,7 +158,7 @@ class RequestBook:
 def _final_output(request: _Request) -> list[int]:
     """The whole response. In a step where vLLM skips ``propose`` the rows' new tokens go unread (vLLM 0.24.0's
     ``_input_fits_in_drafter`` skips it near max_model_len unless the proposer lifts that bound, as
-    ``proposer._propose_up_to_max_model_len`` does), so a request finishing then was tracked only up to the step
+    ``verl_ext.compat.vllm.lift_drafter_length_bound`` does), so a request finishing then was tracked only up to the step
     before. vLLM's own state object keeps every sampled token (``CachedRequestState.output_token_ids``, extended
     in ``_bookkeeping_sync``): take it when it extends ours."""
     final = getattr(request.handle, "output_token_ids", None)
