@@ -56,10 +56,11 @@ class VerlExtTrainer(TrainerHooks, PPOTrainerSync):
     def trainer_mode(self, name: str) -> None:
         assert name == TRAINER_MODE, name  # verl assigns the registry name this class was looked up by
 
-    def step(self, metrics, timing_raw):
-        """verl's step; when it fails, a dead rollout server is named as the cause."""
+    def fit(self, agent_loop_manager):
+        """verl's training loop; when it fails (in a step's rollout, a checkpoint or the weight sync), a dead
+        rollout server is named as the cause."""
         try:
-            return super().step(metrics, timing_raw)
+            return super().fit(agent_loop_manager)
         except Exception as error:
             dead = dead_servers(self.llm_server_manager.get_replicas())
             if dead:

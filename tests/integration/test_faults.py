@@ -1,10 +1,13 @@
-"""Faults on a real local Ray cluster, through `python -m verl_ext.main` on the embedded default.
+"""Real GRPO runs through `python -m verl_ext.main` on the embedded default (a local Ray cluster each), and the
+faults a long run meets. The runs train on 8 prompts, 4 a step, so step 3 opens the second epoch.
 
+- The demo's steps: sane metrics, the rollout phase broken down by where its time goes, checkpoints with the
+  drafter history, the summary and plot at the end.
 - A rollout server process killed in the middle of a step: the run stops, within a bounded time, with an error
   naming the replica and the cause (verl's agent loop alone would log one error per request, and its async
   replay buffer would resubmit the failed prompts forever).
 - The same run resumed from its last checkpoint: the step counter goes on, and the first resumed step drafts
-  from the saved history of the prompts it has seen (16 training prompts, 8 a step: step 3 revisits step 1's).
+  from the saved history of the prompts it has seen (step 3 revisits steps 1 and 2's).
 - A run stopped after a checkpoint and resumed, under full_determinism: the resumed step trains on the same
   prompts and reaches the same weights as the uninterrupted run's.
 """
@@ -24,16 +27,43 @@ import torch
 from safetensors.torch import load_file
 from verl_ext_testing import REPO, main_command
 
+from verl_ext.speculation.state_files import load_states
+
 pytestmark = pytest.mark.ray
 
 STOP_WITHIN_S = 120  # from the kill to the run's exit
 STEP_LINE = re.compile(r"\s*(\d+)\s+[0-9.]+\s+[0-9.]+\s")  # the step table's rows: step, reward, length, ...
+PROMPTS_A_STEP, SAMPLES = 4, 8  # data.train_batch_size, rollout.n
 
 
 def _overrides(demo_data_dir: Path, out: Path, steps: int, *extra: str) -> list[str]:
     return [f"trainer.total_training_steps={steps}", f"verl_ext.data_dir={demo_data_dir}",
+            "data.train_max_samples=8", f"data.train_batch_size={PROMPTS_A_STEP}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS_A_STEP}", f"actor_rollout_ref.rollout.n={SAMPLES}",
             f"verl_ext.report_dir={out / 'report'}", "trainer.save_freq=1",
             f"trainer.default_local_dir={out / 'ckpt'}", *extra]
+
+
+def _check_step_metrics(metrics: dict) -> None:
+    # the HF rollout got the actor's weights and reports the actor's own (temperature-scaled) log-probs
+    assert metrics["training/rollout_probs_diff_max"] < 1e-3
+    assert 0.0 <= metrics["critic/score/mean"] <= 1.0
+    assert metrics["response_length/mean"] > 0
+    # the rollout server's own clock: busy within the step's rollout time, counting every sampled token
+    assert 0 < metrics["rollout/engine_s"] <= metrics["timing_s/gen"]
+    engine_tokens = metrics["rollout/engine_tokens_per_s"] * metrics["rollout/engine_s"]
+    assert abs(engine_tokens - metrics["response_length/mean"] * PROMPTS_A_STEP * SAMPLES) <= 0.02 * engine_tokens
+    assert metrics["rollout/spec/accepted_tokens_per_forward"] >= 1.0
+    # the rollout phase by where its time goes: the engine's phases add up to its busy time, and with the
+    # server's idle time and what lies outside its span, to verl's timing_s/gen (within 5%)
+    phase = {key.removeprefix("rollout/phase/"): value for key, value in metrics.items()
+             if key.startswith("rollout/phase/")}
+    engine = phase["prefill_s"] + phase["decode_s"] + phase["draft_s"]
+    assert abs(engine - metrics["rollout/engine_s"]) <= 0.05 * metrics["rollout/engine_s"], phase
+    assert phase["server_span_s"] <= metrics["timing_s/gen"] and phase["server_idle_s"] >= 0, phase
+    total = engine + phase["server_idle_s"] + phase["outside_server_s"]
+    assert abs(total - metrics["timing_s/gen"]) <= 0.05 * metrics["timing_s/gen"], (phase, metrics["timing_s/gen"])
+    assert phase["outside_engine_s"] == pytest.approx(metrics["timing_s/gen"] - metrics["rollout/engine_s"])
 
 
 def _metrics(out: Path) -> dict[int, dict]:
@@ -82,17 +112,24 @@ def test_killed_rollout_server_stops_the_run_and_the_run_resumes(demo_data_dir, 
     returncode, output, stop_s = _run_and_kill_rollout_server(command, after_step=2)
     assert returncode != 0 and stop_s < STOP_WITHIN_S, f"still running {stop_s:.0f}s after the kill"
     error = next((line for line in output.splitlines() if "RolloutReplicaDied:" in line), None)
+    # where step 3 was when the server died (rollout, checkpoint or weight sync) depends on timing
     assert error is not None and "training step 3 stopped because a rollout server died" in error, output[-4000:]
     cause = output[output.index(error):]
     assert "rollout replica 0" in cause and "HFRolloutServer" in cause and "worker process has died" in cause
     before = _metrics(tmp_path)
     assert sorted(before) == [1, 2]
+    for metrics in before.values():
+        _check_step_metrics(metrics)
+    # the checkpoint's drafter history, written with its manifest, reads back
+    assert load_states(str(tmp_path / "ckpt" / "global_step_2" / "verl_ext_speculation"), replicas=1)[0]["drafter"]
 
     # resumed (trainer.resume_mode=auto) from step 2's checkpoint; it runs step 3
     shutil.rmtree(tmp_path / "report")
-    _run(command)
+    resumed = _run(command)
     after = _metrics(tmp_path)
     assert sorted(after) == [3]
+    _check_step_metrics(after[3])
+    assert "steps: 1" in resumed.stdout and (tmp_path / "report" / "steps.png").stat().st_size > 0
     acceptance = {1: before[1], 2: before[2], 3: after[3]}
     acceptance = {step: m["rollout/spec/accepted_tokens_per_forward"] for step, m in acceptance.items()}
     # step 1 drafted cold (siblings only); step 3 revisits step 1's prompts with their saved responses
@@ -100,7 +137,7 @@ def test_killed_rollout_server_stops_the_run_and_the_run_resumes(demo_data_dir, 
 
 
 def test_resumed_run_equals_the_uninterrupted_one(demo_data_dir, tmp_path):
-    steps = 3  # 16 prompts, 8 a step: step 3 opens the second epoch, so the dataloader's state must carry over
+    steps = 3  # step 3 opens the second epoch, so the dataloader's state must carry over
     extra = ("actor_rollout_ref.rollout.full_determinism=true", "actor_rollout_ref.actor.checkpoint.save_contents="
              "[model,optimizer,extra,hf_model]", "trainer.rollout_data_dir=${trainer.default_local_dir}/rollouts")
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
