@@ -78,12 +78,9 @@ class RolloutSettings:
     response_length: int = _key("response_length", default=512)
     full_determinism: bool = _key("full_determinism", default=False)  # seeds of each request's own
     free_cache_engine: bool = _key("free_cache_engine", default=True)  # HF on an accelerator: offload when asleep
-    max_num_seqs: int = _key("max_num_seqs", default=256)  # rows the HF engine decodes at once
+    max_num_seqs: int = _key("max_num_seqs", default=256)  # rows the HF engine decodes at once (the rest queue)
     max_num_batched_tokens: int = _key("max_num_batched_tokens", default=8192)  # prompt tokens per HF prefill
     num_threads: Optional[int] = _key("engine_kwargs.hf.num_threads", default=None)  # HF server; None: all cores
-    # the HF server as vLLM: rows decoded at once (the rest queue), prompt tokens per prefill forward
-    max_num_seqs: int = _key("max_num_seqs", default=256)
-    max_num_batched_tokens: int = _key("max_num_batched_tokens", default=8192)
     trace_dir: Optional[str] = _key("custom.trace_dir", default=None)  # one JSONL of finished rollouts per replica
     # None: off (no settings, method none, or full_determinism: rollout/speculator.py says why)
     speculation: Optional[SpeculationConfig] = _key("custom.speculation", default=None)
@@ -102,10 +99,6 @@ class RolloutSettings:
             raise ConfigError(
                 f"{self.PREFIX}.n={self.n!r} is invalid: it is the number of responses per prompt, an integer >= 1 "
                 "(GRPO compares the responses of a prompt: use n >= 2, e.g. 8).")
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{self.PREFIX}.{name}={value!r} is invalid: set an integer >= 1.")
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
             raise ConfigError(f"{self.PREFIX}.engine_kwargs.hf.num_threads={self.num_threads!r} is invalid: "
                               "set a thread count >= 1, or drop it to use all cores.")
