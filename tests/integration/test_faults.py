@@ -8,8 +8,7 @@ faults a long run meets. The runs train on 8 prompts, 4 a step, so step 3 opens 
   replay buffer would resubmit the failed prompts forever).
 - The same run resumed from its last checkpoint: the step counter goes on, and the first resumed step drafts
   from the saved history of the prompts it has seen (step 3 revisits steps 1 and 2's).
-- A run stopped after a checkpoint and resumed, under full_determinism: the resumed step trains on the same
-  prompts and reaches the same weights as the uninterrupted run's.
+(A resumed full_determinism run equal to the uninterrupted one: tests/integration/test_learning.py.)
 """
 
 import json
@@ -23,8 +22,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-import torch
-from safetensors.torch import load_file
 from verl_ext_testing import REPO, main_command
 
 from verl_ext.speculation.state_files import load_states
@@ -134,29 +131,3 @@ def test_killed_rollout_server_stops_the_run_and_the_run_resumes(demo_data_dir, 
     acceptance = {step: m["rollout/spec/accepted_tokens_per_forward"] for step, m in acceptance.items()}
     # step 1 drafted cold (siblings only); step 3 revisits step 1's prompts with their saved responses
     assert acceptance[3] >= 1.3 * acceptance[1], acceptance
-
-
-def test_resumed_run_equals_the_uninterrupted_one(demo_data_dir, tmp_path):
-    steps = 3  # step 3 opens the second epoch, so the dataloader's state must carry over
-    extra = ("actor_rollout_ref.rollout.full_determinism=true", "actor_rollout_ref.actor.checkpoint.save_contents="
-             "[model,optimizer,extra,hf_model]", "trainer.rollout_data_dir=${trainer.default_local_dir}/rollouts")
-    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    _run(main_command(*_overrides(demo_data_dir, whole, steps, *extra)))
-    (resumed / "ckpt").mkdir(parents=True)
-    shutil.copytree(whole / "ckpt" / "global_step_2", resumed / "ckpt" / "global_step_2")
-    (resumed / "ckpt" / "latest_checkpointed_iteration.txt").write_text("2")
-    _run(main_command(*_overrides(demo_data_dir, resumed, steps, *extra)))
-
-    a, b = _metrics(whole)[3], _metrics(resumed)
-    assert sorted(b) == [3]
-    b = b[3]
-    prompts = [sorted(json.loads(line)["input"] for line in (out / "ckpt" / "rollouts" / "3.jsonl").open())
-               for out in (whole, resumed)]
-    assert prompts[0] == prompts[1], "the resumed step trained on other prompts"
-    assert a["response_length/mean"] == b["response_length/mean"]
-    for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/kl_loss"):
-        assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
-    weights = [load_file(out / "ckpt" / "global_step_3" / "actor" / "huggingface" / "model.safetensors")
-               for out in (whole, resumed)]
-    for name, tensor in weights[0].items():
-        torch.testing.assert_close(weights[1][name], tensor, rtol=1e-5, atol=1e-6, msg=name)
