@@ -1,4 +1,4 @@
-"""Is every rollout server still there? Asked when a training step fails, so the error names the replica that died
+"""Is every rollout server still there? Asked when training fails (a step, a checkpoint, a weight sync), so the error names
 and why, instead of whatever the step tripped over next (verl's agent loop logs one error per request, and its
 replay buffer reports groups without trajectories)."""
 
