@@ -1,6 +1,6 @@
-"""Is every rollout server still there? Asked when training fails (a step, a checkpoint, a weight sync), so the error names
-and why, instead of whatever the step tripped over next (verl's agent loop logs one error per request, and its
-replay buffer reports groups without trajectories)."""
+"""Is every rollout server still there? Asked when training fails (a step, a checkpoint, a weight sync), so
+the error names the replica that died and why, instead of whatever the loop tripped over next (verl's agent loop
+logs one error per request, and its replay buffer reports groups without trajectories)."""
 
 from dataclasses import dataclass
 
