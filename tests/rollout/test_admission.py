@@ -4,25 +4,20 @@ A, B, C = [1] * 4, [2] * 4, [3] * 6
 
 
 def test_everything_in_one_forward_when_it_fits():
-    assert prefill_chunks([A, B, A, B], room=10, token_budget=8) == [4]  # 2 distinct x 4 tokens
-
-
-def test_room_caps_the_admitted_requests():
-    assert prefill_chunks([A, B, A, B], room=3, token_budget=100) == [3]
-    assert prefill_chunks([A, B], room=0, token_budget=100) == []
+    assert prefill_chunks([A, B, A, B], token_budget=8) == [4]  # 2 distinct x 4 tokens
 
 
 def test_a_new_prompt_that_would_pass_the_budget_opens_a_forward():
     # [A, B] costs 2 x 4 = 8; adding C would cost 3 x 6 = 18 > 12
-    assert prefill_chunks([A, B, C, C], room=10, token_budget=12) == [2, 2]
+    assert prefill_chunks([A, B, C, C], token_budget=12) == [2, 2]
 
 
 def test_samples_of_a_prompt_already_in_the_forward_cost_nothing():
-    assert prefill_chunks([A, A, A, A, B], room=10, token_budget=4) == [4, 1]
+    assert prefill_chunks([A, A, A, A, B], token_budget=4) == [4, 1]
 
 
 def test_a_prompt_over_the_budget_runs_alone():
-    assert prefill_chunks([C, A], room=10, token_budget=5) == [1, 1]
+    assert prefill_chunks([C, A], token_budget=5) == [1, 1]
 
 
 def test_samples_of_a_prompt_are_admitted_with_its_oldest():

@@ -10,13 +10,13 @@ that they share it.
 from collections.abc import Hashable, Sequence
 
 
-def prefill_chunks(prompts: Sequence[Sequence[int]], room: int, token_budget: int) -> list[int]:
-    """Sizes of consecutive chunks of ``prompts[:room]``, one prefill forward each, every chunk within
-    ``token_budget`` unless a single prompt alone exceeds it (it then runs on its own)."""
+def prefill_chunks(prompts: Sequence[Sequence[int]], token_budget: int) -> list[int]:
+    """Sizes of consecutive chunks of ``prompts``, one prefill forward each, every chunk within ``token_budget``
+    unless a single prompt alone exceeds it (it then runs on its own)."""
     sizes: list[int] = []
     distinct: set[tuple[int, ...]] = set()
     width = 0
-    for prompt in prompts[:max(0, room)]:
+    for prompt in prompts:
         key = tuple(prompt)
         if key not in distinct:
             if distinct and (len(distinct) + 1) * max(width, len(key)) > token_budget:

@@ -3,8 +3,8 @@
 verl's agent loop sends one ``generate`` per sample, concurrently. They are queued here and a single engine
 thread folds them into one continuously batched decode loop (``HFGenerationEngine``), so a GRPO batch runs as
 one batch however its requests arrive: up to ``rollout.max_num_seqs`` rows at once, the rest queued, the
-samples of a prompt admitted together (rollout/admission.py). Weight updates and sleep/wake from verl's checkpoint engine take the
-same lock as the decode loop, so they never land in the middle of a step.
+samples of a prompt admitted together (rollout/admission.py). Weight updates and sleep/wake from verl's
+checkpoint engine take the same lock as the decode loop, so they never land in the middle of a step.
 
 ``abort_all_requests`` aborts every request submitted before it: those in the engine and those still queued.
 """
@@ -240,7 +240,7 @@ class HFRolloutServer:
         backlog = list(self._backlog)
         chosen = [backlog[i] for i in admission_order([p.prompt_key for p in backlog], room)]
         start = 0
-        for size in prefill_chunks([p.request.prompt_ids for p in chosen], room, self.settings.max_num_batched_tokens):
+        for size in prefill_chunks([p.request.prompt_ids for p in chosen], self.settings.max_num_batched_tokens):
             admitted = chosen[start:start + size]
             handles = self.engine.add([p.request for p in admitted])  # if it fails, _fail_all finds them queued
             self._waiting.update(zip(handles, admitted, strict=True))
