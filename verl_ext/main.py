@@ -14,7 +14,7 @@ from typing import Optional
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from verl_ext import compat, preflight, report
+from verl_ext import compat, preflight, ray_setup, report
 from verl_ext.demo_resolver import register_demo_resolver
 from verl_ext.settings import read_extension_settings
 
@@ -33,7 +33,7 @@ def _run(config: DictConfig) -> None:
     check_registered()
     OmegaConf.resolve(config)  # builds the embedded default here, with progress, if the recipe asks for it
     preflight.check_paths(config)
-    preflight.prepare_ray(config)
+    ray_setup.prepare_ray(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     metrics_path = _enable_step_report(config)
     if metrics_path is None:

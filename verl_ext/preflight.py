@@ -9,12 +9,12 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from verl_ext.demo_resolver import RESOLVER
-from verl_ext.settings import ConfigError, Settings, read_settings, read_trainer_settings
+from verl_ext.settings import ConfigError, Settings, read_settings
 
-__all__ = ["ConfigError", "check", "check_before_data", "check_paths", "check_recipe_name", "prepare_ray"]
+__all__ = ["ConfigError", "check", "check_before_data", "check_paths", "check_recipe_name"]
 
 
 def available_recipes() -> list[str]:
@@ -101,35 +101,3 @@ def _check_files(key: str, value) -> None:
         if not Path(os.path.expanduser(path)).is_file():
             raise ConfigError(f"{key}: file '{path}' not found; fix the path (or build it) and rerun.")
 
-
-def prepare_ray(config: DictConfig) -> None:
-    """On CPU, give a local Ray cluster one logical GPU slot per training rank (see verl_ext.platform.cpu)."""
-    if read_trainer_settings(config.trainer).device != "cpu":
-        return
-    ray_init = config.ray_kwargs.ray_init
-    _size_transfer_queue_threads(ray_init)
-    joining_cluster = os.environ.get("RAY_ADDRESS") or ray_init.get("address")
-    with open_dict(ray_init):
-        if joining_cluster:
-            # ray.init refuses resource arguments when it attaches to a running cluster.
-            ray_init.pop("num_cpus", None)
-            ray_init.pop("num_gpus", None)
-        elif ray_init.get("num_gpus") is None:
-            if config.trainer.nnodes != 1:
-                raise ConfigError(
-                    f"trainer.nnodes={config.trainer.nnodes} needs a running Ray cluster; start one with "
-                    "`ray start` on each node (CPU nodes: --num-gpus=N slots) and set RAY_ADDRESS."
-                )
-            ray_init.num_gpus = config.trainer.n_gpus_per_node
-
-
-def _size_transfer_queue_threads(ray_init) -> None:
-    """TransferQueue asks for 8 torch threads per data operation and logs a warning on every call where a node
-    has fewer physical cores: size it to this machine instead (an explicit TQ_NUM_THREADS wins)."""
-    import psutil
-
-    threads = os.environ.setdefault("TQ_NUM_THREADS", str(min(8, psutil.cpu_count(logical=False) or 1)))
-    if OmegaConf.select(ray_init, "runtime_env.env_vars.TQ_NUM_THREADS") is None:
-        # workers of an already running cluster do not inherit this process's environment
-        with open_dict(ray_init):
-            OmegaConf.update(ray_init, "runtime_env.env_vars.TQ_NUM_THREADS", threads, force_add=True)

@@ -189,3 +189,24 @@ class VllmServerHooks:
 
     def _get_worker_extension_cls(self) -> str:
         return self.worker_extension_cls()
+
+
+# ---- verl's sync trainer under another registry name ---------------------------------------------------------------
+
+
+class SyncTrainerMode:
+    """For a subclass of verl's sync trainer registered under its own name (``registry_name``). verl 0.9.1
+    (trainer/ppo/v1/trainer_base.py) keeps that name, ``trainer.v1.trainer_mode``, in ``self.trainer_mode`` and runs
+    sync semantics only where it is "sync": any other name gets the async replay buffer (which refills failed prompt
+    groups forever when a rollout server dies), one-prompt dataloader fetches and TransferQueue checkpoints. Mixed in
+    before verl's class, ``trainer_mode`` reads "sync"."""
+
+    registry_name: str
+
+    @property
+    def trainer_mode(self) -> str:
+        return "sync"
+
+    @trainer_mode.setter
+    def trainer_mode(self, name: str) -> None:
+        assert name == self.registry_name, name  # verl assigns the registry name this class was looked up by

@@ -1,0 +1,45 @@
+"""On CPU, verl_ext.main sets up Ray before verl starts it: one logical GPU slot per training rank on a local
+cluster, none on a running one, and TransferQueue's threads sized to the machine."""
+
+import pytest
+from omegaconf import OmegaConf
+
+from verl_ext.ray_setup import prepare_ray
+from verl_ext.settings import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def environment(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("TQ_NUM_THREADS", "3")  # an explicit value wins; prepare_ray leaves it set here
+    return monkeypatch
+
+
+def _config(device="cpu", nnodes=1, **ray_init):
+    trainer = {"device": device, "nnodes": nnodes, "n_gpus_per_node": 2}
+    return OmegaConf.create({"trainer": trainer, "ray_kwargs": {"ray_init": ray_init}})
+
+
+def test_a_local_cluster_gets_a_slot_per_rank_and_the_thread_count():
+    config = _config(num_cpus=4)
+    prepare_ray(config)
+    assert config.ray_kwargs.ray_init.num_gpus == 2
+    assert config.ray_kwargs.ray_init.runtime_env.env_vars.TQ_NUM_THREADS == "3"  # for workers on other nodes
+
+
+def test_joining_a_running_cluster_drops_the_resource_arguments(environment):
+    environment.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # only read, never contacted
+    config = _config(num_cpus=4, num_gpus=2)
+    prepare_ray(config)
+    assert "num_cpus" not in config.ray_kwargs.ray_init and "num_gpus" not in config.ray_kwargs.ray_init
+
+
+def test_several_nodes_need_a_running_cluster():
+    with pytest.raises(ConfigError, match="trainer.nnodes=2 needs a running Ray cluster"):
+        prepare_ray(_config(nnodes=2))
+
+
+def test_a_gpu_run_is_left_to_verl():
+    config = _config(device="cuda", num_cpus=4)
+    prepare_ray(config)
+    assert OmegaConf.to_container(config.ray_kwargs.ray_init) == {"num_cpus": 4}

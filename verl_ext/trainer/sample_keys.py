@@ -1,0 +1,22 @@
+"""verl's sample keys, ``{uid}_{session_id}_{index}``: the one place they are taken apart.
+
+verl's agent loop names each trajectory in the replay buffer by its prompt's uid, the rollout (session) of that
+prompt and the output's index within the rollout; a uid may itself contain ``_``, so the key splits from the right.
+"""
+
+from typing import NamedTuple
+
+
+class SampleKey(NamedTuple):
+    uid: str
+    session: int
+    index: int
+
+
+def parse_key(key: str) -> SampleKey:
+    uid, session, index = key.rsplit("_", 2)
+    return SampleKey(uid, int(session), int(index))
+
+
+def uids(keys: list[str]) -> list[str]:
+    return [parse_key(key).uid for key in keys]
