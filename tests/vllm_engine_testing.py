@@ -1,5 +1,8 @@
 """Real vLLM engines for tests/vllm_engine (on sys.path through pytest.ini's ``pythonpath``)."""
 
+import os
+from contextlib import contextmanager
+
 from verl_ext_testing import PROMPT_ONLY
 
 from verl_ext.speculation import SpeculationConfig
@@ -33,10 +36,11 @@ class Engines:
 
             self.close()
             speculation, seed = SPECULATION[name]
-            self.llm = build_llm(
-                self.model_path, speculation, dtype="float32", max_model_len=MAX_MODEL_LEN, max_num_seqs=64,
-                max_num_batched_tokens=4096, enforce_eager=True, disable_log_stats=False, seed=seed,
-            )
+            with in_process_engine_core():
+                self.llm = build_llm(
+                    self.model_path, speculation, dtype="float32", max_model_len=MAX_MODEL_LEN, max_num_seqs=64,
+                    max_num_batched_tokens=4096, enforce_eager=True, disable_log_stats=False, seed=seed,
+                )
             self.method = name
         return self.llm
 
@@ -46,3 +50,22 @@ class Engines:
         if self.llm is not None:
             shutdown(self.llm)
         self.method, self.llm = None, None
+
+
+@contextmanager
+def in_process_engine_core():
+    """Build an ``LLM`` whose engine core steps in this process, only when ``generate`` asks it to.
+
+    In its own process (vLLM's default) the core starts stepping as soon as the first request arrives, so how
+    many requests share the first steps depends on timing, and with it the engine-step count and which drafts
+    fit the token budget: the tests compare those counters between engines exactly.
+    """
+    before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
