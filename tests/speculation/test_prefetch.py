@@ -8,8 +8,8 @@ import pytest
 from verl_ext_testing import PROMPT_ONLY
 
 from verl_ext.speculation import DraftRequest, SpeculationConfig, Speculator, build_drafter, prompt_key
-from verl_ext.speculation.drafters.base import OutcomeDrafts
 from verl_ext.speculation.drafters.ngram_rl import NgramRLDrafter
+from verl_ext.speculation.outcome_drafts import OutcomeDrafts
 from verl_ext.speculation.prefetch import DraftPrefetcher
 
 PROMPTS = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]

@@ -5,7 +5,7 @@ next context is context + draft[:a] + [t]. At submit the prefetcher asks the dra
 table per sequence and fills the tables while the forward runs, a step of each in turn (each step the
 table's likeliest outcomes left), so a short forward still covers every sequence's likeliest outcomes.
 `collect` answers each sequence from its table when the actual outcome is there (a hit) and drafts
-synchronously otherwise. ngram_rl lays out every outcome (prompt_index.OutcomeTable); other drafters get
+synchronously otherwise. ngram_rl lays out every outcome (outcome_table.OutcomeTable); other drafters get
 RankedOutcomeDrafts, which proposes for the `candidates` likeliest outcomes by the history's vote shares.
 
 Two ways to run the worker. `overlap` (default): the engine calls `overlap(device_done)` right after it
@@ -30,13 +30,16 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
-from verl_ext.speculation.drafters.base import DraftRequest, Drafter, OutcomeDrafts, advance
+from verl_ext.speculation.drafters.base import DraftRequest, Drafter
+from verl_ext.speculation.outcome_drafts import OutcomeDrafts, run_next_step
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class _Pending:
+class _SubmittedDraft:
+    """A sequence's draft under verification, and the outcome table the worker fills for what follows it."""
+
     output_len: int  # len(output_tokens) when the draft was submitted
     draft: list[int]  # [k] the draft under verification
     version: int  # drafter.version(prompt_key) at submit
@@ -70,7 +73,7 @@ class DraftPrefetcher:
         self.stats = PrefetchStats()
         self._reported = (0, 0)  # (lookups, hits) at the last take_lookups_and_hits()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draft-prefetch") if threaded else None
-        self._pending: dict[int, _Pending] = {}
+        self._submitted: dict[int, _SubmittedDraft] = {}
         self._future: Future | None = None
         self._queued: tuple | None = None  # overlap mode: the work submit() left for overlap()
         self._stop = threading.Event()
@@ -98,9 +101,9 @@ class DraftPrefetcher:
     def _start(self, requests: Sequence[DraftRequest], drafts: Sequence[Sequence[int]]) -> tuple:
         """Record what each sequence submitted (looked up at collect); returns the worker's arguments."""
         drafts = [list(d) for d in drafts]
-        self._pending = {r.seq_id: _Pending(len(r.output_tokens), d, self.drafter.version(r.prompt_key))
-                         for r, d in zip(requests, drafts)}
-        return requests, drafts, self._pending
+        self._submitted = {r.seq_id: _SubmittedDraft(len(r.output_tokens), d, self.drafter.version(r.prompt_key))
+                           for r, d in zip(requests, drafts)}
+        return requests, drafts, self._submitted
 
     def _run_inline(self, work: tuple, should_stop: Callable[[], bool]) -> None:
         try:
@@ -117,14 +120,14 @@ class DraftPrefetcher:
             synced = self.drafter.propose([requests[i] for i in misses], [budgets[i] for i in misses])
             for i, draft in zip(misses, synced):
                 drafts[i] = draft
-        self._pending = {}
+        self._submitted = {}
         return [d[:b] for d, b in zip(drafts, budgets)]
 
     def release(self, seq_ids: Sequence[int]) -> None:
         """Finished sequences: nothing of theirs is looked up again (a new sequence may reuse the id)."""
         for seq_id in seq_ids:
-            self._pending.pop(seq_id, None)
-        if not self._pending:
+            self._submitted.pop(seq_id, None)
+        if not self._submitted:
             self._stop.set()  # all finished: a background worker stops instead of drafting for nobody
 
     def take_lookups_and_hits(self) -> tuple[int, int]:
@@ -138,7 +141,7 @@ class DraftPrefetcher:
         """Stop the worker and forget every prefetched draft (the drafter's state is about to be replaced)."""
         self._stop.set()
         self._finish()
-        self._pending = {}
+        self._submitted = {}
 
     def close(self) -> None:
         self.cancel()
@@ -146,17 +149,18 @@ class DraftPrefetcher:
             self._executor.shutdown(wait=True)
 
     def _lookup(self, request: DraftRequest) -> list[int] | None:
-        pending = self._pending.get(request.seq_id)
-        if pending is None:
+        submitted = self._submitted.get(request.seq_id)
+        if submitted is None:
             return None  # not verified last step (new sequence): nothing to look up
         self.stats.lookups += 1
-        accepted = len(request.output_tokens) - pending.output_len - 1
-        if pending.table is None or not 0 <= accepted <= len(pending.draft):
+        accepted = len(request.output_tokens) - submitted.output_len - 1
+        if submitted.table is None or not 0 <= accepted <= len(submitted.draft):
             return None
-        if list(request.output_tokens[pending.output_len: pending.output_len + accepted]) != pending.draft[:accepted]:
+        start = submitted.output_len
+        if list(request.output_tokens[start: start + accepted]) != submitted.draft[:accepted]:
             return None
-        draft = pending.table.get(accepted, request.output_tokens[-1])
-        if draft is not None and self.drafter.version(request.prompt_key) != pending.version:
+        draft = submitted.table.get(accepted, request.output_tokens[-1])
+        if draft is not None and self.drafter.version(request.prompt_key) != submitted.version:
             self.stats.stale += 1
             return None
         self.stats.hits += draft is not None
@@ -182,11 +186,11 @@ class DraftPrefetcher:
         self.stats.worker_errors += 1
         log = logger.warning if self.stats.worker_errors == 1 else logger.debug
         log("draft prefetch worker failed; drafting synchronously this step", exc_info=True)
-        for pending in self._pending.values():
-            pending.table = None
+        for submitted in self._submitted.values():
+            submitted.table = None
 
-    def _work(self, requests: list[DraftRequest], drafts: Sequence[Sequence[int]], pending: dict[int, _Pending],
-              should_stop: Callable[[], bool]) -> None:
+    def _work(self, requests: list[DraftRequest], drafts: Sequence[Sequence[int]],
+              submitted: dict[int, _SubmittedDraft], should_stop: Callable[[], bool]) -> None:
         tables = []
         for request, draft in zip(requests, drafts):
             if should_stop():
@@ -195,7 +199,7 @@ class DraftPrefetcher:
             if table is None:
                 table = RankedOutcomeDrafts(self.drafter, request, draft, self.candidates, self.max_budget)
             tables.append(table)
-            entry = pending.get(request.seq_id)  # None: released (finished) while the worker ran
+            entry = submitted.get(request.seq_id)  # None: released (finished) while the worker ran
             if entry is not None:
                 entry.table = table
         shared = {id(t.shared): t.shared for t in tables if t.shared is not None}.values()  # once each
@@ -210,7 +214,7 @@ def _interleave(steps: list[Iterator[None]], should_stop: Callable[[], bool]) ->
         for work in steps:
             if should_stop():
                 return
-            if advance(work):
+            if run_next_step(work):
                 running.append(work)
         steps = running
 

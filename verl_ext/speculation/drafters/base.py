@@ -6,9 +6,11 @@ import hashlib
 import itertools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
+
+from verl_ext.speculation.outcome_drafts import OutcomeDrafts
 
 
 def prompt_key(prompt_tokens: Sequence[int]) -> int:
@@ -87,39 +89,6 @@ class DrafterStats:
     cached_prompts: int = 0
     cached_responses: int = 0
     observed_responses: int = 0
-
-
-class Fillable(ABC):
-    """Drafts computed ahead of time, one unit of work per step, likeliest first."""
-
-    @abstractmethod
-    def fill_steps(self) -> Iterator[None]:
-        """Compute the drafts, yielding after each unit; the caller stops iterating when its time is up."""
-
-    def fill(self, should_stop: Callable[[], bool]) -> None:
-        """Run fill_steps until all drafts are ready or should_stop() says the time is up."""
-        steps = self.fill_steps()
-        while not should_stop() and advance(steps):
-            pass
-
-
-def advance(steps: Iterator[None]) -> bool:
-    """Run one step of fill_steps(); False once there was none left."""
-    return next(steps, _DONE) is not _DONE
-
-
-_DONE = object()
-
-
-class OutcomeDrafts(Fillable):
-    """The next draft after each outcome of verifying one draft: `accepted` draft tokens kept, then `token`
-    emitted. Filled ahead of time (while the device verifies); read after."""
-
-    shared: Fillable | None = None  # work several tables answer from (e.g. one per prompt)
-
-    @abstractmethod
-    def get(self, accepted: int, token: int) -> list[int] | None:
-        """The full-budget draft for that outcome (shorter budgets take a prefix); None if not prepared."""
 
 
 class Drafter(ABC):

@@ -11,28 +11,35 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS, SpeculationConfig
-from verl_ext.speculation.drafters.base import Draft, DraftRequest, Drafter, DrafterStats, OutcomeDrafts
+from verl_ext.speculation.drafters.base import Draft, DraftRequest, Drafter, DrafterStats
 from verl_ext.speculation.global_history import GlobalHistory
 from verl_ext.speculation.history_cache import HistoryCache
 from verl_ext.speculation.live_outputs import LiveOutputs
 from verl_ext.speculation.ngram_match import (PAD, SEP, continuation_counts, continuation_windows, extend_match,
                                               vote_continuation)
-from verl_ext.speculation.prompt_index import OutcomeTable, PromptIndex
+from verl_ext.speculation.outcome_drafts import OutcomeDrafts
+from verl_ext.speculation.outcome_table import OutcomeLevels, OutcomeTable
+from verl_ext.speculation.prompt_index import PromptIndex
+from verl_ext.speculation.vote_memo import VoteMemo
 
 # Indexes kept, least recently used dropped first: a step drafts for its own prompts (an index is rebuilt whenever
 # its prompt's history changes), at ~20 bytes per indexed history token.
 _MAX_INDEXES = 1024
-_MAX_VOTES = 65_536  # drafts kept for reuse by their voting windows, all prompts together (~40 MB at most)
 # Outside the prompt's own history a one-token match says little (the global history holds every token many
 # times over): the request's own context and the global history need two.
 _FALLBACK_MIN_MATCH = 2
 _GLOBAL_CANDIDATES = 256  # most recent occurrences of the last two context tokens a global match starts from
 _PADDING = [SEP] * PAD
+
+
+class _IndexedPrompt(NamedTuple):
+    index: PromptIndex
+    outcome_levels: OutcomeLevels  # shared by the outcome tables of this version's sequences
 
 
 class _NoHistory(OutcomeDrafts):
@@ -62,15 +69,17 @@ class _PromptFirst(OutcomeDrafts):
 class NgramRLDrafter(Drafter):
     """Longest match (min_match..max_match tokens) of the context suffix inside the cached responses to the
     same prompt, then the most frequent continuation among those responses, up to the budget. Lookups go
-    through a per-version PromptIndex (prompt_index.py), which also lays out every outcome for prefetch."""
+    through a per-version PromptIndex (prompt_index.py), from which outcome_table.py lays out every outcome for
+    prefetch."""
 
     def __init__(self, config: SpeculationConfig):
         self.min_n, self.max_n = config.min_match, config.max_match
         self.cache = HistoryCache(config.cache_max_tokens, config.max_responses_per_prompt, tail_len=config.max_match)
         self._observed = 0
-        self._indexes: OrderedDict[int, PromptIndex] = OrderedDict()  # prompt key -> index, least recently used first
+        # prompt key -> its index, least recently used first
+        self._indexes: OrderedDict[int, _IndexedPrompt] = OrderedDict()
         self._indexes_lock = threading.Lock()  # the prefetch thread builds and reads indexes too
-        self._votes: dict[tuple[int, int], list[int]] = {}  # shared by all indexes: the key is the windows' content
+        self._votes = VoteMemo()  # shared by all indexes: the key is the windows' content
         self.live = LiveOutputs() if config.draft_from_siblings else None
         self.draft_from_self = config.draft_from_self
         self.global_history = GlobalHistory(_FALLBACK_MIN_MATCH) if config.draft_from_global else None
@@ -88,8 +97,8 @@ class NgramRLDrafter(Drafter):
         if budget <= 0:
             return Draft()
         context = request.context_tail(self.max_n)
-        index = self._index(request.prompt_key)
-        draft = [] if index is None else index.draft(context)
+        indexed = self._index(request.prompt_key)
+        draft = [] if indexed is None else indexed.index.draft(context)
         if draft:
             return Draft(draft[:budget], "prompt")
         return self._fallback(request, context)[:budget]
@@ -131,13 +140,13 @@ class NgramRLDrafter(Drafter):
         return continuation_counts(history, ends) if ends.size else []
 
     def outcome_drafts(self, request: DraftRequest, draft: Sequence[int]) -> OutcomeDrafts | None:
-        index = self._index(request.prompt_key)
-        if index is None:  # a fresh prompt: the fallback drafts every outcome (ranked by the prefetcher), or none
+        indexed = self._index(request.prompt_key)
+        if indexed is None:  # a fresh prompt: the fallback drafts every outcome (ranked by the prefetcher), or none
             return None if self.has_fallback else _NoHistory()
-        table = OutcomeTable(index, request.context_tail(self.max_n), draft)
+        table = OutcomeTable(indexed.outcome_levels, request.context_tail(self.max_n), draft)
         return _PromptFirst(table) if self.has_fallback else table
 
-    def _index(self, prompt_key: int) -> PromptIndex | None:
+    def _index(self, prompt_key: int) -> _IndexedPrompt | None:
         """The prompt's history indexed at its current version (built once per version, shared by siblings)."""
         snapshot = self.cache.snapshot(prompt_key)
         if snapshot is None:
@@ -145,20 +154,19 @@ class NgramRLDrafter(Drafter):
         history, version = snapshot
         with self._indexes_lock:
             previous = self._indexes.get(prompt_key)
-            if previous is not None and previous.version == version:
+            if previous is not None and previous.index.version == version:
                 self._indexes.move_to_end(prompt_key)
                 return previous
-        changed = None if previous is None else self.cache.changed_tokens(prompt_key, previous.version, version)
-        carried = None if changed is None else previous.carry_over(changed)
+        changed = None if previous is None else self.cache.changed_tokens(prompt_key, previous.index.version, version)
+        carried = None if changed is None else previous.index.carry_over(changed)
         index = PromptIndex(history, version, self.min_n, self.max_n, self._votes, carried)
+        indexed = _IndexedPrompt(index, OutcomeLevels(index))
         with self._indexes_lock:
-            if len(self._votes) > _MAX_VOTES:
-                self._votes.clear()
             self._indexes.pop(prompt_key, None)
             while len(self._indexes) >= _MAX_INDEXES:
                 self._indexes.popitem(last=False)
-            self._indexes[prompt_key] = index
-        return index
+            self._indexes[prompt_key] = indexed
+        return indexed
 
     def observe(self, prompt_key: int, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> None:
         self.cache.add(prompt_key, prompt_tokens, response_tokens)
