@@ -34,7 +34,6 @@ import torch
 
 from verl_ext.rollout.engine import HFGenerationEngine
 from verl_ext.rollout.requests import GenerationRequest, SamplingSettings
-from verl_ext.rollout.trace import read_trace
 from verl_ext.speculation import SpecMetrics, SpeculationConfig, Speculator, build_drafter, prompt_key
 from verl_ext.speculation.offline import replay_steps
 
@@ -77,6 +76,11 @@ def train_prompt_only(out: Path, steps: int) -> None:
         *sources,
     ]
     subprocess.run(command, check=True)
+
+
+def read_trace(path: Path) -> list[dict]:
+    """The records verl_ext.rollout.trace.RolloutTrace wrote: one JSON object a line."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def load_steps(trace_dir: Path) -> list[list[tuple[list[int], list[int]]]]:

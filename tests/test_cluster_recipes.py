@@ -12,7 +12,7 @@ from omegaconf import OmegaConf, open_dict
 from verl_ext_testing import REPO
 
 from verl_ext import preflight
-from verl_ext.rollout.speculator import build_speculation_config
+from verl_ext.settings import read_rollout_settings
 from verl_ext.vllm import vllm_speculative_config
 from verl_ext.vllm.engine_args import NGRAM_RL_PROPOSER
 
@@ -79,7 +79,7 @@ def test_cluster_recipe_settings(recipe_config):
     assert config.trainer.device == "cuda" and config.trainer.v1.trainer_mode == "verl_ext"
     assert config.algorithm.adv_estimator == "grpo"
     assert config.data.train_files == os.path.expanduser("~/data/gsm8k/train.parquet")  # verl's gsm8k.py output
-    assert vllm_speculative_config(build_speculation_config(arr.rollout)) == {
+    assert vllm_speculative_config(read_rollout_settings(arr.rollout).speculation) == {
         "method": "custom_class", "model": NGRAM_RL_PROPOSER, "num_speculative_tokens": 8,
     }
 
@@ -109,7 +109,7 @@ HISTORY_KEYS = [f"{SPEC}.{key}" for key in (  # ngram_rl's own
 def test_other_methods_become_vllms_own(recipe_config, method, drop, expected, monkeypatch):
     config = _changed(recipe_config, [(f"{SPEC}.method", method)], drop)
     _check_without_gpu_or_data(config, monkeypatch)
-    assert vllm_speculative_config(build_speculation_config(config.actor_rollout_ref.rollout)) == expected
+    assert vllm_speculative_config(read_rollout_settings(config.actor_rollout_ref.rollout).speculation) == expected
 
 
 @pytest.mark.parametrize("set_keys,words", [

@@ -21,7 +21,7 @@ def test_plain_verl_import_registers_everything():
 def test_cpu_engines_registered_for_both_fsdp_strategies():
     from verl.workers.engine import EngineRegistry
 
-    from verl_ext.workers.engines import CPUFSDPEngineWithLMHead, register_cpu_engines
+    from verl_ext.workers.cpu_engines import CPUFSDPEngineWithLMHead, register_cpu_engines
 
     register_cpu_engines()
     register_cpu_engines()  # idempotent

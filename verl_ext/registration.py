@@ -14,7 +14,7 @@ def _load_vllm_replica():
     from verl_ext.compat import vllm as vllm_compat
 
     vllm_compat.check_version()  # before verl_ext's vLLM server imports vLLM
-    from verl_ext.vllm.server import VerlExtvLLMReplica
+    from verl_ext.vllm.vllm_server import VerlExtvLLMReplica
 
     return VerlExtvLLMReplica
 

@@ -82,7 +82,7 @@ class RolloutSettings:
     max_num_batched_tokens: int = _key("max_num_batched_tokens", default=8192)  # prompt tokens per HF prefill
     num_threads: Optional[int] = _key("engine_kwargs.hf.num_threads", default=None)  # HF server; None: all cores
     trace_dir: Optional[str] = _key("custom.trace_dir", default=None)  # one JSONL of finished rollouts per replica
-    # None: off (no settings, method none, or full_determinism: rollout/speculator.py says why)
+    # None: off (no settings, method none, or full_determinism: rollout/speculation_setup.py says why)
     speculation: Optional[SpeculationConfig] = _key("custom.speculation", default=None)
     speculation_keys: frozenset[str] = _key("custom.speculation", default=frozenset())  # the keys given
     sampling: Mapping[str, Any] = _key(*SAMPLING_KEYS, default_factory=dict)  # the sampling options set

@@ -11,6 +11,13 @@ import types
 
 import pytest
 import torch
+from attention_testing import (
+    grouped_causal_lm_forward,
+    grouped_response_log_probs,
+    response_log_probs,
+    standard_causal_lm_forward,
+    token_log_probs_and_entropy,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
@@ -21,14 +28,9 @@ from verl_ext.attention import (
     build_grouped_batch,
     find_groups,
     grouped_attention_mode,
-    grouped_causal_lm_forward,
     grouped_logits,
-    grouped_response_log_probs,
     prepare_grouped_batch,
-    response_log_probs,
     response_predictions,
-    standard_causal_lm_forward,
-    token_log_probs_and_entropy,
     ungroup,
 )
 from verl_ext.attention.grouped_sdpa import attention_with_lse, grouped_sdpa_attention

@@ -11,18 +11,12 @@ import copy
 
 import pytest
 import torch
+from attention_testing import grouped_response_log_probs, response_log_probs, standard_causal_lm_forward
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from verl_ext.attention import (
-    grouped_attention,
-    grouped_flash,
-    grouped_response_log_probs,
-    prepare_grouped_batch,
-    response_log_probs,
-    standard_causal_lm_forward,
-)
+from verl_ext.attention import grouped_attention, grouped_flash, prepare_grouped_batch
 from verl_ext.attention.grouped_flash import flash_unusable_reason, grouped_flash_attention
 from verl_ext.attention.grouped_sdpa import grouped_sdpa_attention
 

@@ -3,12 +3,12 @@
 A random Qwen2 built from a config; two GRPO groups (prompts of 600 and 300 tokens, 8 responses of 40..200
 tokens each). Response log-probs, and the gradient of every parameter of a fixed weighted sum of them, through
     standard   one padded row [prompt; response] per sample, transformers' flash_attention_2 (verl's path)
-    grouped    verl_ext.attention.grouped_response_log_probs, each layout (packed, padded): each prompt once,
+    grouped    tests/attention_testing.grouped_response_log_probs, each layout (packed, padded): each prompt once,
                flash-attn varlen kernels
 in bf16, and through the standard rows of an fp64 copy (SDPA) as the reference. Error = ||x - ref|| / ||ref||
 over all log-probs, and over all gradients together. Pass: grouped error <= MAX_ERROR_RATIO x standard error.
 
-    python tests/gpu/check_grouped_flash.py
+    PYTHONPATH=.:tests python tests/gpu/check_grouped_flash.py
 """
 
 import copy
@@ -42,7 +42,7 @@ def make_batch(seed: int = 0):
 
 def log_probs_and_grads(model, batch, layout: str | None):
     """(log-probs [sum Lr], all parameter gradients [num params]) in fp64; layout None = standard rows."""
-    from verl_ext.attention import grouped_response_log_probs, response_log_probs, standard_causal_lm_forward
+    from attention_testing import grouped_response_log_probs, response_log_probs, standard_causal_lm_forward
 
     prompts, responses, uids = batch
     if layout is None:

@@ -10,7 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's verl_ext, wherever it is mounted
+# this checkout's verl_ext, wherever it is mounted, and the test helpers (tests/*_testing.py)
+export PYTHONPATH="$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 GPU_CHECK_RESULTS="$(mktemp)"
 export GPU_CHECK_RESULTS
 trap 'rm -f "$GPU_CHECK_RESULTS"' EXIT

@@ -46,6 +46,21 @@ def test_greedy_matches_cache_free_decoding(model):
         assert result.finish_reason == "length"
 
 
+def test_identical_prompts_are_prefilled_once(model, monkeypatch):
+    # counted at the model's forward, which the engine calls: one prefill row per distinct prompt
+    rows_per_forward = []
+    forward = model.forward
+
+    def counting_forward(*args, **kwargs):
+        rows_per_forward.append(kwargs["input_ids"].shape[0])
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counting_forward)
+    engine = HFGenerationEngine(model, pad_token_id=0)
+    engine.generate([GenerationRequest(p, 3, GREEDY) for p in PROMPTS])
+    assert rows_per_forward == [len(set(map(tuple, PROMPTS)))] + [len(PROMPTS)] * 2  # prefill, then 2 steps
+
+
 def test_requests_joining_a_running_batch(model):
     # continuous batching: later arrivals are left-padded into the running cache
     engine = HFGenerationEngine(model, pad_token_id=0)

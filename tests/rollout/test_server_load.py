@@ -18,7 +18,7 @@ from engine_testing import actor_rollout_ref_config
 from verl.utils.config import omega_conf_to_dataclass
 
 from verl_ext.demo.build import ensure_demo_assets
-from verl_ext.rollout.server import HFRolloutServer
+from verl_ext.rollout.hf_server import HFRolloutServer
 
 PROMPTS, SAMPLES = 125, 8
 MAX_NUM_SEQS = 256  # verl's default rollout.max_num_seqs

@@ -7,7 +7,7 @@ import asyncio
 from engine_testing import actor_rollout_ref_config, tiny_model_dir
 from verl.utils.config import omega_conf_to_dataclass
 
-from verl_ext.rollout.server import HFRolloutServer
+from verl_ext.rollout.hf_server import HFRolloutServer
 
 N = 8
 PROMPTS = ([5, 6, 7, 8], [9, 10, 11])

@@ -17,7 +17,7 @@ import torch
 from engine_testing import VOCAB, actor_rollout_ref_config, tiny_model_dir
 from verl.utils.config import omega_conf_to_dataclass
 
-from verl_ext.rollout.server import HFRolloutServer
+from verl_ext.rollout.hf_server import HFRolloutServer
 
 REQUESTS = 600
 CALL_TIMEOUT_S = 10.0  # a tiny model on CPU finishes any request here in well under a second

@@ -55,9 +55,9 @@ def test_command_line_reports_one_line(demo_data_dir):
 def test_full_determinism_turns_speculation_off():
     # a seeded request's tokens follow its drafts' lengths, and the drafts follow how the step's requests arrive
     # (tests/integration/test_prefix_grouper_step.py sees it end to end)
-    from verl_ext.rollout.speculator import build_speculation_config
+    from verl_ext.settings import read_rollout_settings
 
     rollout = {"custom": {"speculation": {"method": "ngram_rl", "draft_from_siblings": True}}}
-    assert build_speculation_config(OmegaConf.create({**rollout, "full_determinism": True})) is None
-    default = build_speculation_config(OmegaConf.create({**rollout, "full_determinism": False}))
+    assert read_rollout_settings(OmegaConf.create({**rollout, "full_determinism": True})).speculation is None
+    default = read_rollout_settings(OmegaConf.create({**rollout, "full_determinism": False})).speculation
     assert default.method == "ngram_rl" and default.draft_from_siblings  # control

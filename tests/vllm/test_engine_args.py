@@ -121,7 +121,7 @@ def test_the_server_reads_the_rollout_config_verl_hands_it():
 
 
 def test_nothing_here_imports_vllm():
-    # verl_ext works without vLLM: only server and worker_extension (loaded by vLLM's processes) import it
+    # verl_ext works without vLLM: only vllm_server and worker_extension (loaded by vLLM's processes) import it
     code = (
         "import sys\n"
         "import verl_ext.vllm, verl_ext.vllm.proposer, verl_ext.vllm.request_book, verl_ext.vllm.spec_metrics\n"

@@ -6,18 +6,10 @@ Modules, one job each:
     grouped_sdpa  the grouped attention in pure PyTorch (reference, CPU)
     grouped_flash the same on flash-attn varlen kernels (CUDA, imported lazily)
     interface     register it with transformers' AttentionInterface; scoped switch of a model
-    forward       model-level entry points and the standard forward they must match
+    forward       model-level entry points: lay samples out as a grouped stream, run the model on it
 """
 
-from verl_ext.attention.forward import (
-    grouped_causal_lm_forward,
-    grouped_logits,
-    grouped_response_log_probs,
-    prepare_grouped_batch,
-    response_log_probs,
-    standard_causal_lm_forward,
-    token_log_probs_and_entropy,
-)
+from verl_ext.attention.forward import grouped_logits, prepare_grouped_batch
 from verl_ext.attention.groups import GroupPlan, PrefixGroup, find_groups
 from verl_ext.attention.interface import (
     ATTN_IMPLEMENTATION,
@@ -46,13 +38,8 @@ __all__ = [
     "grouped_attention",
     "grouped_attention_forward",
     "grouped_attention_mode",
-    "grouped_causal_lm_forward",
     "grouped_logits",
-    "grouped_response_log_probs",
     "prepare_grouped_batch",
-    "response_log_probs",
     "response_predictions",
-    "standard_causal_lm_forward",
-    "token_log_probs_and_entropy",
     "ungroup",
 ]

@@ -77,7 +77,6 @@ class HFGenerationEngine:
         self.rows: dict[int, RowState] = {}
         self.batch: Optional[DecodeBatch] = None
         self._ids = itertools.count()
-        self.forward_calls = 0
         # seconds by phase (prefill, draft: drafting on the critical path, decode: forward, verification and
         # bookkeeping) since the last take_phase_seconds()
         self._phase_s: Counter[str] = Counter()
@@ -209,7 +208,6 @@ class HFGenerationEngine:
         out = self.model(
             input_ids=input_ids, attention_mask=valid.long(), position_ids=positions, past_key_values=cache
         )
-        self.forward_calls += 1
         member_of = torch.tensor([unique.index(p) for p in prompts], device=self.device)  # [N]
         batch = DecodeBatch(
             cache=out.past_key_values,
@@ -246,7 +244,6 @@ class HFGenerationEngine:
             position_ids=positions,
             past_key_values=batch.cache,
         )
-        self.forward_calls += 1
         return out.logits
 
     def _advance(self, batch: DecodeBatch, emitted: list[list[int]], log_probs: list[list[float]]) -> None:

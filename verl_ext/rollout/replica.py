@@ -7,7 +7,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from verl.utils.device import get_resource_name
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica
 
-from verl_ext.rollout.server import HFRolloutServer
+from verl_ext.rollout.hf_server import HFRolloutServer
 
 
 def server_actor_name(replica_rank: int) -> str:

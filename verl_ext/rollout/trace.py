@@ -1,7 +1,8 @@
 """Optional record of every finished rollout (``actor_rollout_ref.rollout.custom.trace_dir``).
 
 One JSON line per response: the weights' global step, prompt token ids, response token ids. The n-gram
-benchmark replays these to score drafters offline on the exact rollouts a training run produced.
+benchmark (benchmarks/ngram_rollout.py) replays these to score drafters offline on the exact rollouts a
+training run produced.
 """
 
 import json
@@ -26,7 +27,3 @@ class RolloutTrace:
         line = json.dumps({"step": global_step, "prompt": prompt_ids, "response": response_ids})
         with self._lock:
             self._file.write(line + "\n")
-
-
-def read_trace(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -28,10 +28,10 @@ from verl.workers.engine import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from verl.workers.engine.utils import detach_tree
 
-from verl_ext.attention import META_KWARG, grouped_attention_mode, response_predictions
+from verl_ext.attention import grouped_attention_mode, grouped_logits, response_predictions
 from verl_ext.compat import verl as verl_compat
 from verl_ext.grouping import grouped_tokens, grouped_workload, plan_micro_batches, stream_tokens
-from verl_ext.workers.engines import CPUFSDPEngineWithLMHead
+from verl_ext.workers.cpu_engines import CPUFSDPEngineWithLMHead
 from verl_ext.workers.grouped_config import GROUPED_BACKENDS, GroupedFSDPEngineConfig
 from verl_ext.workers.grouped_io import GroupedInputs, grouped_inputs, sample_tokens, to_jagged
 
@@ -83,12 +83,9 @@ class _GroupedForward:
         inputs = grouped_inputs(sample_tokens(micro_batch), layout, pad_token_id, get_device_id())
         micro_batch = micro_batch.to(get_device_id())
 
-        with self._autocast(), grouped_attention_mode(self.module):
-            batch = inputs.batch
-            output = self.module(
-                input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False, **{META_KWARG: batch.attention}
-            )
-            model_output = self._response_outputs(output.logits, inputs, micro_batch, use_remove_padding)
+        with self._autocast():
+            logits = grouped_logits(self.module, inputs.batch)
+            model_output = self._response_outputs(logits, inputs, micro_batch, use_remove_padding)
             if loss_function is not None:
                 dp_group = self.get_data_parallel_group()
                 loss, metrics = loss_function(model_output=model_output, data=micro_batch, dp_group=dp_group)

@@ -5,7 +5,7 @@ import torch.distributed
 from verl.utils.device import get_device_name
 from verl.workers.engine_workers import TrainingWorker as VerlTrainingWorker
 
-from verl_ext.workers.engines import register_cpu_engines
+from verl_ext.workers.cpu_engines import register_cpu_engines
 
 
 class TrainingWorker(VerlTrainingWorker):

@@ -28,7 +28,7 @@ from verl_ext.rollout.engine import HFGenerationEngine
 from verl_ext.rollout.model_loading import as_model_config, load_rollout_model, rollout_device, stop_token_ids
 from verl_ext.rollout.request_seeds import RequestSeeds
 from verl_ext.rollout.requests import GenerationRequest, GenerationResult, parse_sampling_params
-from verl_ext.rollout.speculator import build_speculator
+from verl_ext.rollout.speculation_setup import build_speculator
 from verl_ext.rollout.trace import RolloutTrace
 from verl_ext.settings import read_rollout_settings
 
@@ -36,7 +36,9 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class _Pending:
+class _PendingRequest:
+    """A ``generate`` call from submission until its future is resolved on the caller's event loop."""
+
     request: GenerationRequest
     want_log_probs: bool
     future: asyncio.Future
@@ -72,11 +74,11 @@ class HFRolloutServer:
         # and the engine's rows change together under it, from every thread (decode, abort, failure), so a
         # handle is in _waiting exactly while its row is in the engine.
         self._lock = threading.Lock()
-        self._inbox: "queue.Queue[_Pending]" = queue.Queue()  # submitted, not yet taken by the decode thread
+        self._inbox: "queue.Queue[_PendingRequest]" = queue.Queue()  # submitted, not yet taken by the decode thread
         # taken from the inbox, waiting for a row (the engine holds max_num_seqs); under _lock, added to by the
         # decode thread only
-        self._backlog: collections.deque[_Pending] = collections.deque()
-        self._waiting: dict[int, _Pending] = {}  # engine handle -> its caller; under _lock
+        self._backlog: collections.deque[_PendingRequest] = collections.deque()
+        self._waiting: dict[int, _PendingRequest] = {}  # engine handle -> its caller; under _lock
         self._aborts_applied = 0  # abort_all_requests calls that have aborted the engine; under _lock
         self._aborts_issued = 0  # abort_all_requests calls made; event loop only
         self._open: set[asyncio.Future] = set()  # generate calls not yet returned; event loop only
@@ -110,7 +112,7 @@ class HFRolloutServer:
         seed = self._request_seed(sampling_params.get("seed"), request_id, prompt_ids)
         request = GenerationRequest(list(prompt_ids), max_new, settings, self.stop_ids, seed)
         loop = asyncio.get_running_loop()
-        pending = _Pending(request, want_log_probs, loop.create_future(), loop, self._aborts_issued)
+        pending = _PendingRequest(request, want_log_probs, loop.create_future(), loop, self._aborts_issued)
         if self._span[0] is None:
             self._span[0] = time.perf_counter()
         self._open.add(pending.future)
@@ -192,8 +194,8 @@ class HFRolloutServer:
 
     def _decode_loop(self) -> None:
         while True:
-            items: list[_Pending] = []  # taken from the inbox, in neither the engine nor done yet
-            done: list[tuple[_Pending, GenerationResult]] = []
+            items: list[_PendingRequest] = []  # taken from the inbox, in neither the engine nor done yet
+            done: list[tuple[_PendingRequest, GenerationResult]] = []
             try:
                 # idle: block until there is work (the backlog is only added to on this thread)
                 items = [] if self.engine.has_work or self._backlog else [self._inbox.get()]
@@ -211,7 +213,7 @@ class HFRolloutServer:
                 logger.exception("HF rollout step failed; failing its requests")
                 self._fail_all(error, [*items, *(pending for pending, _ in done)])
 
-    def _fail_all(self, error: Exception, held: list[_Pending]) -> None:
+    def _fail_all(self, error: Exception, held: list[_PendingRequest]) -> None:
         """Fail every request: in the engine, queued, and ``held`` (taken from the queue, not yet answered)."""
         with self._lock:
             self.engine.abort_all()
@@ -221,7 +223,7 @@ class HFRolloutServer:
         for pending in failed:
             pending.loop.call_soon_threadsafe(_reject, pending.future, error)
 
-    def _drain_inbox(self) -> list[_Pending]:
+    def _drain_inbox(self) -> list[_PendingRequest]:
         items = []
         while True:
             try:
@@ -229,7 +231,7 @@ class HFRolloutServer:
             except queue.Empty:
                 return items
 
-    def _admit_locked(self) -> list[tuple[_Pending, GenerationResult]]:
+    def _admit_locked(self) -> list[tuple[_PendingRequest, GenerationResult]]:
         """Move the backlog's oldest requests into the engine and the table, up to ``max_num_seqs`` rows, in
         prefill forwards of at most ``max_num_batched_tokens``; those submitted before an abort that has run come
         back aborted instead. Caller holds _lock."""
@@ -249,14 +251,14 @@ class HFRolloutServer:
         self._backlog = collections.deque(p for p in backlog if id(p) not in taken)
         return done
 
-    def _take_stale_locked(self) -> list[tuple[_Pending, GenerationResult]]:
+    def _take_stale_locked(self) -> list[tuple[_PendingRequest, GenerationResult]]:
         """The backlog's requests submitted before an abort that has run, as aborted results. Caller holds _lock."""
         stale = [p for p in self._backlog if p.aborts_before < self._aborts_applied]
         if stale:
             self._backlog = collections.deque(p for p in self._backlog if p.aborts_before >= self._aborts_applied)
         return [(p, GenerationResult([], [], "aborted")) for p in stale]
 
-    def _deliver(self, done: list[tuple[_Pending, GenerationResult]]) -> None:
+    def _deliver(self, done: list[tuple[_PendingRequest, GenerationResult]]) -> None:
         """Hand results to their callers (outside _lock: the trace writes a file)."""
         for pending, result in done:
             if self.trace is not None:

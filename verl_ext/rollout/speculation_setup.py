@@ -1,8 +1,7 @@
-"""Builds the HF engine's speculator from ``actor_rollout_ref.rollout.custom.speculation`` (verl_ext.settings)."""
+"""Builds the HF engine's speculator from the parsed ``rollout.custom.speculation`` (verl_ext.settings)."""
 
 from typing import Optional
 
-from verl_ext.settings import read_rollout_settings
 from verl_ext.speculation import SpeculationConfig, Speculator
 
 # Under rollout.full_determinism each request samples from its own seed, and how many random draws it takes
@@ -10,11 +9,6 @@ from verl_ext.speculation import SpeculationConfig, Speculator
 # within the step (the prompt's history takes in siblings as they finish; siblings in flight; other prompts'
 # responses), which follows how requests arrive, so a rerun would sample other tokens: the schema turns
 # speculation off there. (A verifier coupled to plain sampling through per-position noise would lift this.)
-
-
-def build_speculation_config(rollout_config) -> Optional[SpeculationConfig]:
-    """None when speculation is off; raises ConfigError naming the bad setting otherwise."""
-    return read_rollout_settings(rollout_config).speculation
 
 
 def build_speculator(speculation: Optional[SpeculationConfig], device_type: str) -> Optional[Speculator]:
