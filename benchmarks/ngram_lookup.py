@@ -53,7 +53,7 @@ import tracemalloc
 
 import numpy as np
 
-from verl_ext.speculation.ngram_match import as_history, extend_match, frequent_continuation, longest_match
+from verl_ext.speculation.ngram_match import as_history, extend_match, frequent_continuation
 from verl_ext.speculation.prompt_index import PromptIndex
 
 VOCAB, MIN_N, MAX_N, BUDGET = 32_000, 2, 8, 16
@@ -148,7 +148,10 @@ class Scan:
         self.history = as_history(responses)
 
     def draft(self, context: list[int]) -> list[int]:
-        _, ends = longest_match(self.history, context, MIN_N, MAX_N)
+        if len(context) < MIN_N:
+            return []
+        ends = np.flatnonzero(self.history[:-1] == context[-1])
+        _, ends = extend_match(self.history, ends, context, MIN_N, MAX_N)
         return frequent_continuation(self.history, ends, BUDGET)
 
 

@@ -6,7 +6,7 @@ without speculation, asynchronous vs synchronous prefetch.
 1. Trains the embedded default for --steps GRPO steps (ngram_rl on, every source), recording every rollout
    and saving the final policy as a Hugging Face model; then the same run (same seed) with ngram_rl drafting
    from each prompt's history only, for the online side of old vs new.
-2. Replays each step's rollouts through every drafter (verl_ext.speculation.offline: exact in distribution),
+2. Replays each step's rollouts through every drafter (ngram_replay.py: exact in distribution),
    ngram_rl with and without its fallback sources, and reports accepted tokens per target forward per step
    (PNG), over the first epoch (the steps before a prompt comes back) and over the final 30% of steps, beside
    the training run's own (online) figures, and how much each source drafted and how well.
@@ -31,11 +31,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from ngram_replay import replay_steps
 
 from verl_ext.rollout.engine import HFGenerationEngine
 from verl_ext.rollout.requests import GenerationRequest, SamplingSettings
 from verl_ext.speculation import SpecMetrics, SpeculationConfig, Speculator, build_drafter, prompt_key
-from verl_ext.speculation.offline import replay_steps
 
 # name -> drafter settings; "ngram_rl prompt-only" is ngram_rl before its fallback sources (issue 14)
 DRAFTERS = {

@@ -27,3 +27,26 @@ def groups_of(*specs):
         out.append(PrefixGroup(tuple(range(start, start + len(lens))), lp, tuple(lens)))
         start += len(lens)
     return out
+
+
+def longest_match(history, context, min_n: int, max_n: int):
+    """Reference for the drafters' match: every occurrence of the last context token, grown backwards by
+    ngram_match.extend_match. Returns (match length, [C] ends of the longest suffix match)."""
+    import numpy as np
+
+    from verl_ext.speculation.ngram_match import extend_match
+
+    if len(context) < min_n:
+        return 0, np.zeros(0, dtype=np.int64)
+    ends = np.flatnonzero(history[:-1] == context[-1])
+    return extend_match(history, ends, context, min_n, max_n)
+
+
+def import_benchmark(name: str):
+    """benchmarks/<name>.py as a module, for tests of benchmark machinery (benchmarks run as scripts, so they
+    import each other as top-level modules, with benchmarks/ on sys.path)."""
+    import importlib
+
+    if str(REPO / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(REPO / "benchmarks"))
+    return importlib.import_module(name)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from verl_ext_testing import PROMPT_ONLY
+from verl_ext_testing import PROMPT_ONLY, import_benchmark
 
 from verl_ext.rollout.engine import HFGenerationEngine
 from verl_ext.rollout.requests import GenerationRequest, SamplingSettings
@@ -174,7 +174,7 @@ def test_prefetch_overlaps_a_busy_device_and_keeps_greedy_output(model, engine_c
 
 def test_offline_replay_matches_online_greedy_counts(model):
     # greedy: acceptance is deterministic, so replaying the engine's own outputs must give its exact counters
-    from verl_ext.speculation.offline import replay_step
+    replay_step = import_benchmark("ngram_replay").replay_step
 
     config = SpeculationConfig(method="ngram_rl", num_draft_tokens=6, min_match=1, prefetch=False, adaptive=False)
     engine = HFGenerationEngine(model, pad_token_id=0, speculator=Speculator(config))

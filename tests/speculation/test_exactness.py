@@ -108,8 +108,10 @@ def test_drafter_is_sometimes_right_and_sometimes_wrong():
 def test_negative_control_biased_verifier_is_caught(bias, monkeypatch):
     if bias == "recovered_without_removing_draft":
         monkeypatch.setattr(verifier_module, "_residual_probs", lambda probs, rejected: probs)
-    else:
-        monkeypatch.setattr(verifier_module, "_accept_prob", lambda p: (1.5 * p).clamp(max=1.0))
+    else:  # drafts accepted with min(1, 1.5 p(x)); the recovered and bonus tokens still sample from p
+        accept = verifier_module._num_accepted
+        monkeypatch.setattr(verifier_module, "_num_accepted",
+                            lambda probs, *rest: accept((1.5 * probs).clamp(max=1.0), *rest))
     table, drafter = model()
     setting = SETTINGS[1]
     samples = speculative_samples(table, drafter, setting, seed=2)

@@ -6,11 +6,20 @@ import time
 import numpy as np
 
 from verl_ext.speculation.history_cache import HistoryCache
-from verl_ext.speculation.ngram_match import PAD
 
 
 def segment_len(cache, response):
     return 1 + cache.tail_len + len(response)
+
+
+def history(cache, prompt_key):
+    """The prompt's flat history as drafters read it (snapshot), None when the cache does not hold it."""
+    snapshot = cache.snapshot(prompt_key)
+    return None if snapshot is None else snapshot[0]
+
+
+def keys_in_lru_order(cache):
+    return [key for key, _, _ in cache.state_dict()["prompts"]]
 
 
 def test_bound_holds_for_one_million_distinct_prompts():
@@ -22,10 +31,10 @@ def test_bound_holds_for_one_million_distinct_prompts():
             peak = max(peak, cache.num_tokens)
     assert time.perf_counter() - start < 60
     assert peak <= 50_000 and cache.num_tokens <= 50_000
-    held = sum(len(cache.history(k)) - PAD for k in list(cache._entries))
+    held = sum(len(tokens) for _, tokens, _ in cache.state_dict()["prompts"])
     assert held == cache.num_tokens  # the counter matches what is actually stored
     assert len(cache) == 50_000 // 7  # LRU kept the most recent prompts, 7 tokens each
-    assert cache.history(999_999) is not None and cache.history(0) is None
+    assert history(cache, 999_999) is not None and history(cache, 0) is None
 
 
 def test_lru_evicts_least_recently_observed_prompt():
@@ -33,7 +42,7 @@ def test_lru_evicts_least_recently_observed_prompt():
     for key in (1, 2, 3):
         cache.add(key, [9], [key, key, key])  # 5 tokens each: SEP, tail, 3 tokens
     cache.add(1, [9], [])  # prompt 1 observed again (2 tokens), so prompt 2 is now the oldest
-    assert cache.history(2) is None and cache.history(1) is not None and cache.history(3) is not None
+    assert keys_in_lru_order(cache) == [3, 1]
     assert cache.num_tokens == 5 + 5 + 2 - 0 and cache.num_tokens <= 15
 
 
@@ -41,15 +50,14 @@ def test_per_prompt_fifo_keeps_most_recent_responses():
     cache = HistoryCache(max_tokens=1000, max_responses_per_prompt=2, tail_len=0)
     for response in ([1, 1], [2, 2], [3, 3]):
         cache.add(7, [], response)
-    history = cache.history(7)
-    assert history[: 6].tolist() == [-1, 2, 2, -1, 3, 3] and cache.num_tokens == 6
+    assert history(cache, 7)[: 6].tolist() == [-1, 2, 2, -1, 3, 3] and cache.num_tokens == 6
 
 
 def test_single_prompt_over_bound_drops_its_oldest_responses():
     cache = HistoryCache(max_tokens=10, max_responses_per_prompt=100, tail_len=0)
     for response in ([1, 2, 3], [4, 5, 6], [7, 8, 9]):
         cache.add(7, [], response)
-    assert cache.history(7)[:8].tolist() == [-1, 4, 5, 6, -1, 7, 8, 9] and cache.num_tokens == 8
+    assert history(cache, 7)[:8].tolist() == [-1, 4, 5, 6, -1, 7, 8, 9] and cache.num_tokens == 8
 
 
 def test_response_larger_than_cache_is_skipped():
@@ -75,10 +83,10 @@ def test_arrays_are_replaced_not_mutated():
     # The prefetch thread may hold an old array while the engine thread observes.
     cache = HistoryCache(max_tokens=100, max_responses_per_prompt=1, tail_len=0)
     cache.add(1, [], [1, 2])
-    old = cache.history(1)
-    snapshot = old.copy()
+    old = history(cache, 1)
+    copy = old.copy()
     cache.add(1, [], [3, 4])
-    assert np.array_equal(old, snapshot) and cache.history(1) is not old
+    assert np.array_equal(old, copy) and history(cache, 1) is not old
 
 
 def test_state_dict_round_trip_keeps_contents_and_lru_order():
@@ -87,6 +95,6 @@ def test_state_dict_round_trip_keeps_contents_and_lru_order():
         cache.add(key, [9, key], response)
     restored = HistoryCache(max_tokens=20, max_responses_per_prompt=3, tail_len=1)
     restored.load_state_dict(pickle.loads(pickle.dumps(cache.state_dict())))
-    assert restored.num_tokens == cache.num_tokens and list(restored._entries) == [2, 1]
+    assert restored.num_tokens == cache.num_tokens and keys_in_lru_order(restored) == [2, 1]
     for key in (1, 2):
-        assert np.array_equal(restored.history(key), cache.history(key))
+        assert np.array_equal(history(restored, key), history(cache, key))

@@ -3,9 +3,9 @@
 import random
 
 import numpy as np
+from verl_ext_testing import longest_match
 
-from verl_ext.speculation.ngram_match import (MAX_CANDIDATES, SEP, as_history, continuation_counts,
-                                              frequent_continuation, longest_match)
+from verl_ext.speculation.ngram_match import MAX_CANDIDATES, SEP, as_history, continuation_counts, frequent_continuation
 
 
 def draft(segments, context, min_n=1, max_n=4, budget=8, min_prob=0.0):

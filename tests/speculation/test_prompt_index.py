@@ -4,11 +4,11 @@ holds, for every outcome it answers, the draft synchronous drafting would give."
 import random
 
 import pytest
-from verl_ext_testing import PROMPT_ONLY
+from verl_ext_testing import PROMPT_ONLY, longest_match
 
 from verl_ext.speculation import DraftRequest, SpeculationConfig, build_drafter, prompt_key
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
-from verl_ext.speculation.ngram_match import as_history, frequent_continuation, longest_match
+from verl_ext.speculation.ngram_match import as_history, frequent_continuation
 from verl_ext.speculation.prompt_index import PromptIndex
 
 VOCAB = 6  # few tokens: long and short matches, ties and known-empty outcomes all occur

@@ -140,8 +140,8 @@ def test_history_keys_are_prompt_keys():
     engine = Engine()
     engine.step([("a", P, R)])
     engine.step([("c", Q, [9])])
-    assert engine.proposer.book.drafter.cache.history(prompt_key(P)) is not None
-    assert engine.proposer.book.drafter.cache.history(prompt_key(Q)) is None
+    assert engine.proposer.book.drafter.cache.snapshot(prompt_key(P)) is not None
+    assert engine.proposer.book.drafter.cache.snapshot(prompt_key(Q)) is None
 
 
 def test_state_round_trip():

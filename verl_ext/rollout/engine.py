@@ -270,7 +270,7 @@ class HFGenerationEngine:
             finished[handle] = result
             del self.rows[handle]
             if self.speculator:
-                # siblings still running can draft from this response from the next step on
+                # siblings still running draft from this response from the step after next (speculator.py: why)
                 self.speculator.observe(row.prompt_key, row.request.prompt_ids, result.token_ids)
                 self.speculator.release([handle])
         if not keep:

@@ -13,10 +13,9 @@ CostTable = tuple[tuple[int, float], ...]  # (batch size, cost ratio) rows
 # Longest draft the engine verifies in one forward (the forward runs over 1 + K tokens per row).
 MAX_DRAFT_TOKENS = 16
 
-# (batch size, cost of a forward over 1 + 16 tokens / cost of a forward over 1 token), measured on CPU:
-# Qwen2-architecture model, hidden 256, 4 layers, fp32, 2 threads, 512 cached tokens (notes/ngram-speculation.md).
-# It holds on CPU only: on an accelerator the ratio is close to 1 at small batch and grows with batch size in a
-# way each device and model measures differently (benchmarks/verify_cost.py), so there is no default there.
+# (batch size, cost of a forward over 1 + 16 tokens / cost of a forward over 1 token), measured on CPU (setup:
+# docs/speculation-tuning.md). Accelerators get no default: there the ratio is close to 1 at small batch and grows
+# with batch size differently for each device and model, so each measures its own (benchmarks/verify_cost.py).
 CPU_VERIFY_COST_TABLE: CostTable = ((1, 1.9), (8, 2.4), (32, 3.1), (128, 3.6))
 
 
@@ -28,8 +27,7 @@ def _fail(field: str, value: Any, fix: str) -> None:
 class SpeculationConfig:
     method: SpeculationMethod = "ngram_rl"
     num_draft_tokens: int = MAX_DRAFT_TOKENS  # draft budget per sequence and step, 1..MAX_DRAFT_TOKENS
-    # Defaults measured by benchmarks/ngram_rollout.py's offline replay on a demo run (final 30% of 30 steps):
-    # ngram_rl at min_match 1 / 32 responses per prompt 5.3 accepted tokens per forward, at 2 / 16 4.7.
+    # min_match and max_responses_per_prompt: chosen by benchmarks/ngram_rollout.py (docs/speculation-tuning.md).
     min_match: int = 1  # shortest context suffix (n-gram) that may seed a draft
     max_match: int = 8  # longest context suffix compared against the history
     cache_max_tokens: int = 4_000_000  # bound on tokens held by the history cache, all prompts together
@@ -37,7 +35,7 @@ class SpeculationConfig:
     # ngram_rl's fallback sources, for contexts the prompt's own history does not match (its first visit above
     # all): the outputs of its samples still generating, the request's own prompt and output, and all prompts'
     # recent responses (at most global_max_tokens tokens, oldest dropped first). drafters/ngram_rl.py.
-    # rollout.full_determinism turns speculation off (rollout/speculator.py says why).
+    # rollout.full_determinism turns speculation off (rollout/speculation_setup.py says why).
     draft_from_siblings: bool = True
     draft_from_self: bool = True
     draft_from_global: bool = True

@@ -63,10 +63,6 @@ class HistoryCache:
     def num_responses(self) -> int:
         return sum(len(e.starts) for e in self._entries.values())
 
-    def history(self, prompt_key: int) -> np.ndarray | None:
-        entry = self._entries.get(prompt_key)
-        return None if entry is None else entry.history
-
     def snapshot(self, prompt_key: int) -> tuple[np.ndarray, int] | None:
         """(history, version) read together: the prefetch thread reads while the engine thread adds."""
         with self._lock:

@@ -60,14 +60,6 @@ def extend_match(history: np.ndarray, ends: np.ndarray, context: Sequence[int],
     return (len(levels), levels[-1]) if len(levels) >= min_n else (0, _EMPTY)
 
 
-def longest_match(history: np.ndarray, context: Sequence[int], min_n: int, max_n: int) -> tuple[int, np.ndarray]:
-    """Longest suffix of context (min_n..max_n tokens) occurring in history with a continuation."""
-    if len(context) < min_n:
-        return 0, _EMPTY
-    ends = np.flatnonzero(history[:-1] == context[-1])
-    return extend_match(history, ends, context, min_n, max_n)
-
-
 def frequent_continuation(history: np.ndarray, ends: np.ndarray, budget: int, min_prob: float = 0.0) -> list[int]:
     """Walk the continuation tree of the matched occurrences, taking the most frequent next token.
 

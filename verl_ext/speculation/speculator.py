@@ -15,8 +15,8 @@
 A response passed to `observe` feeds drafts from the round after next: `propose` fixes this round's drafts,
 then applies the responses observed since and the in-flight outputs (`Drafter.observe_live`), then starts
 prefetching the next round. So the prefetcher always drafts from the history the next `propose` will see (no
-stale prefetch when siblings finish or grow), and outputs do not depend on whether prefetch is on. A `propose` that continues none of the previous call's sequences
-(a new batch) sees everything observed before it.
+stale prefetch when siblings finish or grow), and outputs do not depend on whether prefetch is on. A `propose`
+that continues none of the previous call's sequences (a new batch) sees everything observed before it.
 """
 
 from __future__ import annotations

@@ -57,11 +57,6 @@ def pad_drafts(drafts: Sequence[Sequence[int]], pad_token: int = 0) -> tuple[tor
     return torch.tensor(rows, dtype=torch.long).reshape(len(drafts), width), torch.tensor(lengths, dtype=torch.long)
 
 
-def _accept_prob(p_draft: torch.Tensor) -> torch.Tensor:
-    """min(1, p(x) / q(x)) with q a point mass on x."""
-    return p_draft
-
-
 def _residual_probs(probs: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
     """max(0, p - q) for q a point mass on the rejected token: p with that token removed (unnormalised)."""
     # probs: [B, V]; rejected: [B] -> [B, V]
@@ -107,7 +102,7 @@ def _num_accepted(probs: torch.Tensor, slot: torch.Tensor, draft_tokens: torch.T
     p_draft = torch.zeros(draft_tokens.shape, device=device)
     p_draft[is_draft] = probs[slot[:, :-1][is_draft], draft_tokens[is_draft]]
     u = torch.rand(draft_tokens.shape, generator=generator, device=device)
-    accepted = (u < _accept_prob(p_draft)) & is_draft
+    accepted = (u < p_draft) & is_draft  # min(1, p(x) / q(x)) = p(x): q is a point mass on x
     return accepted.long().cumprod(dim=1).sum(dim=1)
 
 

@@ -1,5 +1,8 @@
 """Offline scoring of a drafter on recorded rollouts: what it would have drafted, what would have been accepted.
 
+Benchmark machinery: ngram_rollout.py scores every drafter with it; tests/rollout/test_engine.py checks that a
+replay of the HF engine's greedy outputs gives the engine's own counters.
+
 Replaying a recorded response and accepting the longest draft prefix that matches it is exact in distribution:
 with a point-mass draft, verification accepts x with probability p(x), the probability that plain sampling
 emits x. So the accepted-length statistics of a replay equal those of running the drafter online.
