@@ -39,7 +39,7 @@ the automaton is worse on both (~570 bytes per token). Inserting into the flat a
 token. PromptIndex is built only for prompts being drafted, in C sorts (0.2-0.3 us and 20 bytes per token),
 and its cold lookups are within 1.5x of the scan's. What it buys is the warm path: siblings and rounds repeat
 contexts, so most drafts are memo reads, and the drafts for every outcome of a verification can be laid
-out at once (prompt_index.OutcomeTable, measured by benchmarks/ngram_rollout.py). The suffix baseline
+out at once (outcome_table.OutcomeTable, measured by benchmarks/ngram_rollout.py). The suffix baseline
 drafter, whose single global history grows to millions of tokens, uses a hash index (drafters/suffix.py),
 where a scan would not scale.
 """

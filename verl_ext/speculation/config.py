@@ -48,7 +48,7 @@ class SpeculationConfig:
     # with it); "thread": in a background thread, which a Python-bound forward feels through the GIL.
     prefetch_worker: PrefetchWorker = "overlap"
     # prompt_lookup and suffix: outcomes (accepted count, next token) prefetched per sequence, likeliest first
-    # (ngram_rl prefetches every outcome: prompt_index.OutcomeTable)
+    # (ngram_rl prefetches every outcome: outcome_table.OutcomeTable)
     prefetch_candidates: int = 16
     # Per-sequence draft length from an EMA of acceptance and a verification-cost table (adaptive.py).
     adaptive: bool = True
