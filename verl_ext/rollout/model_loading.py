@@ -6,6 +6,8 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.device import get_device_name
 from verl.workers.config import HFModelConfig
 
+from verl_ext.rollout.gqa_attention import rollout_attention
+
 
 def rollout_device() -> torch.device:
     if get_device_name() == "cuda" and torch.cuda.is_available():
@@ -22,7 +24,7 @@ def as_model_config(model_config) -> HFModelConfig:
 def load_rollout_model(model_config: HFModelConfig, rollout_config, device: torch.device) -> torch.nn.Module:
     """``load_format=dummy`` builds the architecture only: the actor's first weight sync fills it in."""
     dtype = getattr(torch, rollout_config.dtype)
-    attn = model_config.override_config.get("attn_implementation", "sdpa")
+    attn = rollout_attention(model_config.override_config.get("attn_implementation", "sdpa"), device)
     if rollout_config.load_format == "dummy":
         model = AutoModelForCausalLM.from_config(model_config.hf_config, dtype=dtype, attn_implementation=attn)
     else:
