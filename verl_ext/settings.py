@@ -73,6 +73,7 @@ class RolloutSettings:
     PREFIX: ClassVar[str] = "actor_rollout_ref.rollout"
     name: str = _key("name", default="hf")
     n: int = _key("n", default=1)  # responses per prompt (GRPO's group)
+    val_n: int = _key("val_kwargs.n", default=1)  # responses per prompt in validation
     seed: int = _key("seed", default=0)
     prompt_length: int = _key("prompt_length", default=512)
     response_length: int = _key("response_length", default=512)

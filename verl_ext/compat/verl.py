@@ -13,6 +13,8 @@ from contextlib import nullcontext  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
+from verl.experimental.agent_loop.agent_loop import _agent_loop_registry  # noqa: E402
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.utils.device import get_device_id  # noqa: E402
 from verl.workers.engine import EngineRegistry  # noqa: E402
@@ -37,6 +39,13 @@ def replica_loader(name: str):
     """The loader registered for ``rollout.name``, or None. workers/rollout/replica.py:
     ``RolloutReplicaRegistry._registry`` (its public ``get`` calls the loader, and raises for an unknown name)."""
     return RolloutReplicaRegistry._registry.get(name)
+
+
+def registered_agent_loop(agent_name: str):
+    """The Hydra config an agent loop is built from (``{"_target_": class path, ...}``), or None.
+    experimental/agent_loop/agent_loop.py: ``_agent_loop_registry``, filled by ``@register`` and by each worker from
+    ``rollout.agent.agent_loop_config_path``."""
+    return _agent_loop_registry.get(agent_name)
 
 
 def registered_engines(model_type: str) -> dict:
@@ -189,6 +198,56 @@ class VllmServerHooks:
 
     def _get_worker_extension_cls(self) -> str:
         return self.worker_extension_cls()
+
+
+# ---- the TransferQueue agent-loop worker (trainer/ppo/v1/agent_loop_tq.py) ---------------------------------------
+
+# verl's worker class itself: the module's ``AgentLoopWorkerTQ`` is its ``@ray.remote`` actor class.
+VerlAgentLoopWorkerTQ = AgentLoopWorkerTQ.__ray_actor_class__
+
+
+class AgentLoopWorkerHooks:
+    """For subclasses of ``VerlAgentLoopWorkerTQ``: ``run_prompt`` is its ``_run_prompt`` (a prompt's n samples,
+    from the first status tag to the last), and its helpers from experimental/agent_loop/agent_loop.py's
+    ``AgentLoopWorker`` under public names."""
+
+    async def run_prompt(self, prompt: dict, sampling_params: dict, trajectory: dict, trace: bool = False) -> None:
+        return await super()._run_prompt(prompt, sampling_params, trajectory, trace)
+
+    async def _run_prompt(self, prompt: dict, sampling_params: dict, trajectory: dict, trace: bool = False) -> None:
+        return await self.run_prompt(prompt, sampling_params, trajectory, trace)
+
+    async def compute_score(self, outputs: list, kwargs: dict) -> None:
+        """Scores ``outputs[-1]`` (one trajectory) through a reward-loop worker, unless it has a score."""
+        await self._compute_score(outputs, kwargs=kwargs)
+
+    async def compute_teacher_logprobs(self, output, validate: bool, sample_kwargs: dict) -> None:
+        await self._compute_teacher_logprobs(output, prompt_ids=output.prompt_ids, response_ids=output.response_ids,
+                                             validate=validate, sample_kwargs=sample_kwargs)
+
+    def transfer_queue_record(self, output, sample_kwargs: dict) -> tuple[dict, dict]:
+        """One agent-loop output's fields and tag in TransferQueue: ``AgentLoopWorkerTQ._agent_loop_postprocess``,
+        copied (verl builds and puts them in one method)."""
+        prompts = torch.tensor(output.prompt_ids, dtype=torch.int64)
+        responses = torch.tensor(output.response_ids, dtype=torch.int64)
+        input_ids = torch.cat([prompts, responses], dim=0)
+        attention_mask = torch.ones_like(input_ids, dtype=torch.int64)
+        multi_modal_inputs = self._compute_multi_modal_inputs(output, input_ids)
+        position_ids = self._compute_position_ids(
+            input_ids.unsqueeze(0), attention_mask.unsqueeze(0), multi_modal_inputs).squeeze(0)
+        field = output.as_dict()
+        field.update(sample_kwargs)
+        field.pop("multi_modal_data", None)  # raw images/videos are not stored
+        field["loss_mask"] = field["response_mask"]
+        field["input_ids"] = input_ids
+        field["position_ids"] = position_ids
+        field["multi_modal_inputs"] = multi_modal_inputs
+        prompt_len, response_len = field["prompts"].size(0), field["responses"].size(0)
+        tag = {"status": "success", "prompt_len": prompt_len, "response_len": response_len,
+               "seq_len": prompt_len + response_len, "global_steps": sample_kwargs["global_steps"],
+               "min_global_steps": field["extra_fields"].get("min_global_steps"),
+               "max_global_steps": field["extra_fields"].get("max_global_steps")}
+        return field, tag
 
 
 # ---- verl's sync trainer under another registry name ---------------------------------------------------------------

@@ -1,0 +1,170 @@
+"""``GroupAgentLoopWorker`` writes to TransferQueue what verl's ``AgentLoopWorkerTQ`` writes: the same keys, the
+same fields of each sample and the same tags, and the group's status; a group whose agent loop fails in one
+sample ends "failure" with both (the trainer then drops the group; verl's worker has written its other samples,
+this one writes none).
+
+Both workers run in this process on the same two prompts of the embedded task (verl's dataset, 4 samples each)
+against one real HF rollout server and a real reward-loop worker (the embedded reward), with TransferQueue on a
+local Ray cluster. The samples are greedy (verl's per-sample ``__do_sample__``) and speculation is off, so the two
+runs' samples are the same tokens and log-probs whichever order the server takes them in.
+"""
+
+import asyncio
+
+import numpy as np
+import pytest
+import ray
+import torch
+import transfer_queue as tq
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+from verl.experimental.agent_loop.agent_loop import register
+from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+
+pytestmark = pytest.mark.ray
+
+PROMPTS, SAMPLES = 2, 4  # and a third prompt, whose agent loop fails in its second sample
+LOGPROB_ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def config(demo_data_dir):
+    from verl_ext.demo_resolver import register_demo_resolver
+
+    register_demo_resolver()
+    GlobalHydra.instance().clear()
+    with initialize_config_module("verl_ext.recipes", version_base=None):
+        config = compose("demo_cpu", overrides=[
+            f"verl_ext.data_dir={demo_data_dir}", f"actor_rollout_ref.rollout.n={SAMPLES}",
+            "actor_rollout_ref.rollout.custom.speculation.method=none",
+            "actor_rollout_ref.rollout.load_format=auto",  # the warm start's weights: answers that score
+        ])
+    OmegaConf.resolve(config)
+    return config
+
+
+@pytest.fixture(scope="module")
+def cluster(config):
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    tq.init(config.transfer_queue)
+    yield
+    tq.close()
+    ray.shutdown()
+
+
+@register("fails_in_second_sample")
+class FailsInSecondSample(SingleTurnAgentLoop):
+    async def run(self, sampling_params, **kwargs):
+        if kwargs["session_id"] == 1:
+            raise RuntimeError("this test's agent loop fails in its second sample")
+        return await super().run(sampling_params, **kwargs)
+
+
+class InProcessClient:
+    """The agent loop's LLM client for one HF rollout server in this process: verl's client makes the same call
+    through its load-balancer actor."""
+
+    def __init__(self, server):
+        self.server = server
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        return await self.server.generate(prompt_ids=prompt_ids, sampling_params=sampling_params,
+                                          request_id=request_id, **kwargs)
+
+
+def _batch(config, uid_prefix: str):
+    """Three prompts as verl's trainer hands them to the agent loop (``_next_train_batch``), greedy; the third
+    with the failing agent loop."""
+    from verl.trainer.ppo.utils import create_rl_dataset
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    tokenizer = omega_conf_to_dataclass(config.actor_rollout_ref.model).tokenizer
+    dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer, None, is_train=True)
+    batch = collate_fn([dataset[i] for i in range(PROMPTS + 1)])
+    batch["uid"] = np.array([f"{uid_prefix}{i}" for i in range(PROMPTS + 1)], dtype=object)
+    batch["__do_sample__"] = np.array([False] * (PROMPTS + 1), dtype=object)
+    batch["agent_name"] = np.array(["single_turn_agent"] * PROMPTS + ["fails_in_second_sample"], dtype=object)
+    batch = tu.get_tensordict(batch)
+    tu.assign_non_tensor_data(batch, "global_steps", 1)
+    return batch
+
+
+async def _generate(worker, batch) -> None:
+    await worker.generate_sequences(batch)
+    await asyncio.gather(*list(worker.background_tasks))
+
+
+def _as_python(value):
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: _as_python(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_python(v) for v in value]
+    return value
+
+
+def _written(uid_prefix: str) -> tuple[dict, dict, dict]:
+    """What the run under ``uid_prefix`` left in TransferQueue's train partition: {sample key (prefix dropped):
+    {field: value}}, {sample key: tag}, {uid: group status}."""
+    listed = tq.kv_list(partition_id="train")["train"]
+    samples = sorted(key for key in listed if key.startswith(uid_prefix) and key.count("_") == 2)
+    statuses = {key.removeprefix(uid_prefix): tag["status"] for key, tag in listed.items()
+                if key.startswith(uid_prefix) and "_" not in key}
+    data = tq.kv_batch_get(keys=samples, partition_id="train")
+    fields = {}
+    for row, key in enumerate(samples):
+        record = {}
+        for name in data.keys():
+            value = _as_python(data[name][row] if not isinstance(data[name], (str, int)) else data[name])
+            record[name] = value.removeprefix(uid_prefix) if name == "uid" else value
+        fields[key.removeprefix(uid_prefix)] = record
+    tags = {key.removeprefix(uid_prefix): listed[key] for key in samples}
+    return fields, tags, statuses
+
+
+def test_group_worker_writes_what_verls_worker_writes(config, cluster):
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from verl_ext.compat.verl import VerlAgentLoopWorkerTQ
+    from verl_ext.rollout.hf_server import HFRolloutServer
+    from verl_ext.workers.agent_loop import GroupAgentLoopWorker
+
+    server = HFRolloutServer(omega_conf_to_dataclass(config.actor_rollout_ref.rollout), config.actor_rollout_ref.model)
+    client = InProcessClient(server)
+    rewards = [ray.remote(RewardLoopWorker).remote(config)]
+    written = {}
+    for prefix, worker_class in (("verl-", VerlAgentLoopWorkerTQ), ("group-", GroupAgentLoopWorker)):
+        worker = worker_class(config, client, None, rewards)
+        asyncio.run(_generate(worker, _batch(config, prefix)))
+        written[prefix] = _written(prefix)
+
+    (verl_fields, verl_tags, verl_status), (group_fields, group_tags, group_status) = written.values()
+    expected_keys = {f"{p}_{s}_0" for p in range(PROMPTS) for s in range(SAMPLES)}
+    failed = f"{PROMPTS}_"
+    assert set(group_fields) == expected_keys
+    assert set(verl_fields) - expected_keys == {f"{failed}{s}_0" for s in range(SAMPLES) if s != 1}
+    assert verl_status == group_status == {**{str(p): "finished" for p in range(PROMPTS)}, str(PROMPTS): "failure"}
+    assert group_tags == {key: tag for key, tag in verl_tags.items() if not key.startswith(failed)}
+    for key in sorted(expected_keys):
+        verl_record, group_record = verl_fields[key], group_fields[key]
+        assert group_record.keys() == verl_record.keys(), key
+        # timings differ, the rest of verl's per-sample metrics do not
+        verl_metrics, group_metrics = verl_record.pop("metrics"), group_record.pop("metrics")
+        assert group_metrics.keys() == verl_metrics.keys()
+        assert group_metrics["num_preempted"] == verl_metrics["num_preempted"]
+        # the server batches the two runs' rows differently: fp32 rounding in the log-probs
+        verl_logprobs, group_logprobs = verl_record.pop("rollout_log_probs"), group_record.pop("rollout_log_probs")
+        torch.testing.assert_close(torch.tensor(group_logprobs), torch.tensor(verl_logprobs), rtol=0, atol=LOGPROB_ATOL)
+        differing = [name for name in verl_record if group_record[name] != verl_record[name]]
+        assert not differing, (key, {name: (verl_record[name], group_record[name]) for name in differing})
+    # the comparison has teeth: samples are scored (some above 0), and the two prompts' samples differ
+    assert any(sum(record["rm_scores"]) > 0 for record in group_fields.values())
+    assert group_fields["0_0_0"]["responses"] != group_fields["1_0_0"]["responses"]
+    assert len(group_fields["0_0_0"]) > 15, sorted(group_fields["0_0_0"])

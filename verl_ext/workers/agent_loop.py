@@ -1,0 +1,148 @@
+"""verl's agent loop a GRPO group at a time: ``actor_rollout_ref.rollout.agent.agent_loop_manager_class=
+verl_ext.workers.agent_loop.GroupAgentLoopManager`` (demo_cpu and demo_cpu_long set it).
+
+verl's TransferQueue worker (trainer/ppo/v1/agent_loop_tq.py) runs each of a prompt's n samples on its own: it
+builds an agent loop per sample (a Hydra instantiate), renders and tokenizes the same prompt n times, and writes
+each sample to TransferQueue with a put of its own. In demo_cpu that per-sample work is most of the worker's CPU
+(py-spy: Hydra instantiate 12%, TransferQueue puts 15%, chat template 4%), spent on the cores the engine decodes
+on, and the last samples' share of it lies between the engine's last token and the end of the rollout phase.
+This worker runs a group as one unit:
+
+- a single-turn group shares one agent loop, which renders and tokenizes the prompt once (any other agent loop,
+  or a single-turn one registered with settings of its own, gets one per sample as in verl: it may hold a
+  conversation's state);
+- the group's samples go to TransferQueue in one put once all n are done: verl's trainer takes a prompt's
+  samples only when the group's status says "finished", which verl writes after the last of them too.
+
+Everything else is verl's: dispatch (``generate_sequences``), the status protocol, scoring, teacher log-probs,
+and what each sample holds in TransferQueue, field for field (tests/workers/test_group_agent_loop.py).
+"""
+
+import asyncio
+import logging
+
+import ray
+import transfer_queue as tq
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, DictConfigWrap, ToolListWrap
+from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, apply_greedy_sampling_params
+from verl.utils.rollout_trace import rollout_trace_attr
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+from verl_ext.compat.verl import AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ, registered_agent_loop
+from verl_ext.settings import read_rollout_settings
+
+__all__ = ["GroupAgentLoopManager", "GroupAgentLoopWorker"]
+
+logger = logging.getLogger(__name__)
+
+_SINGLE_TURN = {"_target_": f"{SingleTurnAgentLoop.__module__}.{SingleTurnAgentLoop.__qualname__}"}
+
+
+class GroupSingleTurnAgentLoop(SingleTurnAgentLoop):
+    """verl's single-turn agent loop, shared by one group's samples: the prompt's tokens are built once."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._initial_tokens: tuple[list, asyncio.Future] | None = None
+
+    async def ct_build_initial_tokens(self, messages, tools=None, images=None, videos=None, audios=None,
+                                      mm_inputs_out=None):
+        text_only = not (tools or images or videos or audios)
+        if text_only and self._initial_tokens is not None and self._initial_tokens[0] == messages:
+            return list(await self._initial_tokens[1])
+        built = asyncio.ensure_future(super().ct_build_initial_tokens(
+            messages, tools=tools, images=images, videos=videos, audios=audios, mm_inputs_out=mm_inputs_out))
+        if text_only and self._initial_tokens is None:
+            self._initial_tokens = (messages, built)
+        return list(await built)
+
+
+class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
+    """verl's ``AgentLoopWorkerTQ`` with ``run_prompt`` (one prompt's n samples) run as a group."""
+
+    def __init__(self, *args, **kwargs):
+        # Ray runs an inherited __init__ of a @ray.remote class outside its class (verl's super() then fails):
+        # a subclass of one states its own
+        super().__init__(*args, **kwargs)
+        self.settings = read_rollout_settings(self.config.actor_rollout_ref.rollout)
+
+    async def run_prompt(self, prompt: dict, sampling_params: dict, trajectory: dict, trace: bool = False) -> None:
+        uid, validate = prompt["uid"], trajectory["validate"]
+        partition_id = "val" if validate else "train"
+        await tq.async_kv_put(key=uid, partition_id=partition_id, tag={"status": "running"})
+        errors: list[BaseException] = []
+        try:
+            n = prompt.pop("__rollout_n__", self.settings.val_n if validate else self.settings.n)
+            run_sampling_params = dict(sampling_params)
+            if not validate and not prompt.pop("__do_sample__", True):
+                apply_greedy_sampling_params(run_sampling_params)
+            agent_name = prompt.pop("agent_name")
+            shared = self._new_agent_loop(agent_name, GroupSingleTurnAgentLoop) if (
+                registered_agent_loop(agent_name) == _SINGLE_TURN) else None
+            sessions = [{**prompt, "session_id": i} for i in range(n)]
+            results = await asyncio.gather(
+                *(self._run_session(shared or self._new_agent_loop(agent_name), run_sampling_params, trajectory,
+                                    trace, session) for session in sessions),
+                return_exceptions=True)
+            errors = [result for result in results if isinstance(result, BaseException)]
+            if not errors:
+                await self._put_group(results, sessions, validate)
+        except Exception as error:  # noqa: BLE001 - as verl: the group's status says failure, the trainer refills
+            errors.append(error)
+        for error in errors:
+            logger.error(f"Error in _run_prompt for uid={uid}", exc_info=(type(error), error, error.__traceback__))
+        status = "failure" if errors else "finished"
+        await tq.async_kv_put(key=uid, partition_id=partition_id, tag={"status": status})
+
+    def _new_agent_loop(self, agent_name: str, cls: type | None = None):
+        """An agent loop as verl's ``_run_agent_loop`` builds one; ``cls`` in place of the registered class."""
+        import hydra
+
+        config = registered_agent_loop(agent_name)
+        if config is None:
+            raise ValueError(f"Agent loop {agent_name} is not registered (rollout.agent.default_agent_loop, or "
+                             "the agent_name column): register it with verl's @register or agent_loop_config_path")
+        kwargs = dict(trainer_config=DictConfigWrap(config=self.config), server_manager=self.llm_client,
+                      tokenizer=self.tokenizer, processor=self.processor, hf_model_type=self.hf_model_type,
+                      dataset_cls=self.dataset_cls, data_config=DictConfigWrap(self.config.data),
+                      tools=ToolListWrap(self.tools))
+        return cls(**kwargs) if cls is not None else hydra.utils.instantiate(config=config, **kwargs)
+
+    async def _run_session(self, agent_loop, sampling_params: dict, trajectory: dict, trace: bool,
+                           session: dict) -> list[AgentLoopOutput]:
+        """One sample: verl's ``_run_agent_loop`` and the scoring half of its TransferQueue postprocess."""
+        with rollout_trace_attr(step=trajectory["step"], sample_index=trajectory["sample_index"],
+                                rollout_n=trajectory["rollout_n"], validate=trajectory["validate"],
+                                name="agent_loop", trace=trace):
+            output = await agent_loop.run(sampling_params, **session)
+        outputs = output if isinstance(output, list) else [output]
+        if not outputs:
+            raise ValueError(f"empty output for prompt {session['uid']}_{session['session_id']}")
+        await self.compute_score(outputs, kwargs=session)
+        final = outputs[-1]
+        await self.compute_teacher_logprobs(final, validate=trajectory["validate"], sample_kwargs=session)
+        if final.reward_score is not None:
+            for output in outputs[:-1]:
+                output.reward_score = final.reward_score
+                output.extra_fields["reward_extra_info"] = final.extra_fields["reward_extra_info"]
+        return outputs
+
+    async def _put_group(self, results: list[list[AgentLoopOutput]], sessions: list[dict], validate: bool) -> None:
+        keys, fields, tags = [], [], []
+        for outputs, session in zip(results, sessions, strict=True):
+            for i, output in enumerate(outputs):
+                field, tag = self.transfer_queue_record(output, session)
+                keys.append(f"{session['uid']}_{session['session_id']}_{i}")  # verl's sample key
+                fields.append(field)
+                tags.append(tag)
+        await tq.async_kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), tags=tags,
+                                    partition_id="val" if validate else "train")
+
+
+class GroupAgentLoopManager(AgentLoopManagerTQ):
+    """verl's TransferQueue agent-loop manager with ``GroupAgentLoopWorker`` workers."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)  # sets verl's worker class; the workers are built later, by create()
+        self.agent_loop_workers_class = ray.remote(GroupAgentLoopWorker)
