@@ -21,6 +21,7 @@ and what each sample holds in TransferQueue, field for field (tests/workers/test
 import asyncio
 import logging
 
+import hydra
 import ray
 import transfer_queue as tq
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, DictConfigWrap, ToolListWrap
@@ -74,8 +75,9 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
         errors: list[BaseException] = []
         try:
             n = prompt.pop("__rollout_n__", self.settings.val_n if validate else self.settings.n)
+            do_sample = prompt.pop("__do_sample__", True)
             run_sampling_params = dict(sampling_params)
-            if not validate and not prompt.pop("__do_sample__", True):
+            if not validate and not do_sample:
                 apply_greedy_sampling_params(run_sampling_params)
             agent_name = prompt.pop("agent_name")
             shared = self._new_agent_loop(agent_name, GroupSingleTurnAgentLoop) if (
@@ -97,8 +99,6 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
 
     def _new_agent_loop(self, agent_name: str, cls: type | None = None):
         """An agent loop as verl's ``_run_agent_loop`` builds one; ``cls`` in place of the registered class."""
-        import hydra
-
         config = registered_agent_loop(agent_name)
         if config is None:
             raise ValueError(f"Agent loop {agent_name} is not registered (rollout.agent.default_agent_loop, or "
