@@ -17,18 +17,24 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
+from verl_ext.rollout.gqa_attention import rollout_attention
+
 
 def time_forward(model, batch: int, context: int, new_tokens: int, repeats: int = 5) -> float:
+    """One forward over ``new_tokens`` per row after ``context`` cached ones, with the attention mask and position
+    ids the rollout engine passes (verl_ext/rollout/engine.py: its ragged batch always has a mask)."""
     vocab = model.config.vocab_size
     prefix = torch.randint(0, vocab, (batch, context))
+    positions = torch.arange(context, context + new_tokens).expand(batch, new_tokens)
+    mask = torch.ones(batch, context + new_tokens, dtype=torch.long)
     times = []
     for _ in range(repeats):
         with torch.no_grad():
             cache = DynamicCache(config=model.config)
-            model(input_ids=prefix, past_key_values=cache)
+            model(input_ids=prefix, attention_mask=mask[:, :context], past_key_values=cache)
             step = torch.randint(0, vocab, (batch, new_tokens))
             start = time.perf_counter()
-            model(input_ids=step, past_key_values=cache)
+            model(input_ids=step, attention_mask=mask, position_ids=positions, past_key_values=cache)
             times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -45,7 +51,8 @@ def main() -> None:
         from verl_ext.demo.build import ensure_demo_assets
 
         model_dir = ensure_demo_assets(Path(os.environ.get("VERL_EXT_DATA_DIR", "data")).resolve()).model_path
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+    attention = rollout_attention("sdpa", torch.device("cpu"))  # the attention the HF rollout runs on CPU
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attention).eval()
     print(f"threads {torch.get_num_threads()}, context {args.context}, draft {args.draft}")
     print(f"{'batch':>6} {'1 token':>10} {f'{1 + args.draft} tokens':>10} {'ratio':>6}")
     for batch in args.batches:
