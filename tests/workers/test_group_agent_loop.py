@@ -3,9 +3,10 @@ same fields of each sample and the same tags, and the group's status; a group wh
 sample ends "failure" with both (the trainer then drops the group; verl's worker has written its other samples,
 this one writes none).
 
-Both workers run in this process on the same two prompts of the embedded task (verl's dataset, 4 samples each)
-against one real HF rollout server and a real reward-loop worker (the embedded reward), with TransferQueue on a
-local Ray cluster. The samples are greedy (verl's per-sample ``__do_sample__``) and speculation is off, so the two
+Both workers run in this process on the same three prompts of the embedded task (verl's dataset, 4 samples
+each; the first two on verl's single-turn agent loop, which the group worker shares across a group, the third on
+a failing one, which it builds per sample) against one real HF rollout server and a real reward-loop worker (the
+embedded reward), with TransferQueue on a local Ray cluster. The samples are greedy (verl's per-sample ``__do_sample__``) and speculation is off, so the two
 runs' samples are the same tokens and log-probs whichever order the server takes them in.
 """
 
