@@ -24,7 +24,7 @@ import logging
 import hydra
 import ray
 import transfer_queue as tq
-from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, DictConfigWrap, ToolListWrap
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, apply_greedy_sampling_params
 from verl.utils.rollout_trace import rollout_trace_attr
@@ -89,7 +89,7 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
                 return_exceptions=True)
             errors = [result for result in results if isinstance(result, BaseException)]
             if not errors:
-                await self._put_group(results, sessions, validate)
+                await self._put_group(results, validate)
         except Exception as error:  # noqa: BLE001 - as verl: the group's status says failure, the trainer refills
             errors.append(error)
         for error in errors:
@@ -110,8 +110,9 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
         return cls(**kwargs) if cls is not None else hydra.utils.instantiate(config=config, **kwargs)
 
     async def _run_session(self, agent_loop, sampling_params: dict, trajectory: dict, trace: bool,
-                           session: dict) -> list[AgentLoopOutput]:
-        """One sample: verl's ``_run_agent_loop`` and the scoring half of its TransferQueue postprocess."""
+                           session: dict) -> list[tuple[str, dict, dict]]:
+        """One sample: verl's ``_run_agent_loop`` and its TransferQueue postprocess up to the put: (key, fields,
+        tag) of each output, built as the sample finishes so the group's end only puts."""
         with rollout_trace_attr(step=trajectory["step"], sample_index=trajectory["sample_index"],
                                 rollout_n=trajectory["rollout_n"], validate=trajectory["validate"],
                                 name="agent_loop", trace=trace):
@@ -126,16 +127,12 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
             for output in outputs[:-1]:
                 output.reward_score = final.reward_score
                 output.extra_fields["reward_extra_info"] = final.extra_fields["reward_extra_info"]
-        return outputs
+        key = f"{session['uid']}_{session['session_id']}"  # verl's sample key, {uid}_{session_id}_{index}
+        return [(f"{key}_{i}", *self.transfer_queue_record(output, session)) for i, output in enumerate(outputs)]
 
-    async def _put_group(self, results: list[list[AgentLoopOutput]], sessions: list[dict], validate: bool) -> None:
-        keys, fields, tags = [], [], []
-        for outputs, session in zip(results, sessions, strict=True):
-            for i, output in enumerate(outputs):
-                field, tag = self.transfer_queue_record(output, session)
-                keys.append(f"{session['uid']}_{session['session_id']}_{i}")  # verl's sample key
-                fields.append(field)
-                tags.append(tag)
+    async def _put_group(self, results: list[list[tuple[str, dict, dict]]], validate: bool) -> None:
+        records = [record for session_records in results for record in session_records]
+        keys, fields, tags = (list(column) for column in zip(*records, strict=True))
         await tq.async_kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), tags=tags,
                                     partition_id="val" if validate else "train")
 
