@@ -118,7 +118,7 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
                                 name="agent_loop", trace=trace):
             output = await agent_loop.run(sampling_params, **session)
         outputs = output if isinstance(output, list) else [output]
-        if not outputs:
+        if not outputs:  # verl warns and writes no sample, leaving the group one short: here the group fails
             raise ValueError(f"empty output for prompt {session['uid']}_{session['session_id']}")
         await self.compute_score(outputs, kwargs=session)
         final = outputs[-1]
