@@ -3,7 +3,7 @@
 from transfer_queue import KVBatchMeta
 
 from verl_ext.trainer.batch_order import SubmissionOrder
-from verl_ext.trainer.sample_keys import SampleKey, parse_key
+from verl_ext.trainer.sample_keys import SampleKey, format_key, parse_key
 
 
 def test_batch_follows_the_dataloader_not_rollout_completion():
@@ -31,3 +31,4 @@ def test_unknown_uids_go_last_in_key_order():
 def test_keys_split_from_the_right():
     # the session and index are the last two fields; whatever comes before them is the uid
     assert parse_key("a_b_3_12") == SampleKey("a_b", 3, 12)
+    assert format_key("a_b", 3, 12) == "a_b_3_12"

@@ -1,4 +1,4 @@
-"""verl's sample keys, ``{uid}_{session_id}_{index}``: the one place they are taken apart.
+"""verl's sample keys, ``{uid}_{session_id}_{index}``: the one place they are made and taken apart.
 
 verl's agent loop names each trajectory in the replay buffer by its prompt's uid, the rollout (session) of that
 prompt and the output's index within the rollout; a uid may itself contain ``_``, so the key splits from the right.
@@ -11,6 +11,10 @@ class SampleKey(NamedTuple):
     uid: str
     session: int
     index: int
+
+
+def format_key(uid: str, session: int, index: int) -> str:
+    return f"{uid}_{session}_{index}"
 
 
 def parse_key(key: str) -> SampleKey:

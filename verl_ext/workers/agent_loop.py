@@ -32,6 +32,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from verl_ext.compat.verl import AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ, registered_agent_loop
 from verl_ext.settings import read_rollout_settings
+from verl_ext.trainer.sample_keys import format_key
 
 __all__ = ["GroupAgentLoopManager", "GroupAgentLoopWorker"]
 
@@ -89,7 +90,7 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
                 return_exceptions=True)
             errors = [result for result in results if isinstance(result, BaseException)]
             if not errors:
-                await self._put_group(results, validate)
+                await self._put_group(results, partition_id)
         except Exception as error:  # noqa: BLE001 - as verl: the group's status says failure, the trainer refills
             errors.append(error)
         for error in errors:
@@ -127,14 +128,14 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
             for output in outputs[:-1]:
                 output.reward_score = final.reward_score
                 output.extra_fields["reward_extra_info"] = final.extra_fields["reward_extra_info"]
-        key = f"{session['uid']}_{session['session_id']}"  # verl's sample key, {uid}_{session_id}_{index}
-        return [(f"{key}_{i}", *self.transfer_queue_record(output, session)) for i, output in enumerate(outputs)]
+        return [(format_key(session["uid"], session["session_id"], i), *self.transfer_queue_record(output, session))
+                for i, output in enumerate(outputs)]
 
-    async def _put_group(self, results: list[list[tuple[str, dict, dict]]], validate: bool) -> None:
+    async def _put_group(self, results: list[list[tuple[str, dict, dict]]], partition_id: str) -> None:
         records = [record for session_records in results for record in session_records]
         keys, fields, tags = (list(column) for column in zip(*records, strict=True))
         await tq.async_kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), tags=tags,
-                                    partition_id="val" if validate else "train")
+                                    partition_id=partition_id)
 
 
 class GroupAgentLoopManager(AgentLoopManagerTQ):
