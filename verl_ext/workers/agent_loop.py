@@ -46,6 +46,8 @@ class GroupSingleTurnAgentLoop(SingleTurnAgentLoop):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        # (messages, their tokens being built): set by the group's first sample, awaited by the others; touched on
+        # the worker's event loop only, so no lock
         self._initial_tokens: tuple[list, asyncio.Future] | None = None
 
     async def ct_build_initial_tokens(self, messages, tools=None, images=None, videos=None, audios=None,
