@@ -17,24 +17,28 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
+from verl_ext.rollout.batch_state import DecodeBatch
 from verl_ext.rollout.gqa_attention import rollout_attention
 
 
 def time_forward(model, batch: int, context: int, new_tokens: int, repeats: int = 5) -> float:
-    """One forward over ``new_tokens`` per row after ``context`` cached ones, with the attention mask and position
-    ids the rollout engine passes (verl_ext/rollout/engine.py: its ragged batch always has a mask)."""
+    """One forward over ``new_tokens`` per row after ``context`` cached ones, as the rollout engine runs it
+    (verl_ext/rollout/engine.py: its slot cache, 4-D attention mask and per-row position ids)."""
     vocab = model.config.vocab_size
     prefix = torch.randint(0, vocab, (batch, context))
     positions = torch.arange(context, context + new_tokens).expand(batch, new_tokens)
-    mask = torch.ones(batch, context + new_tokens, dtype=torch.long)
+    valid = torch.ones(batch, context, dtype=torch.bool)
     times = []
     for _ in range(repeats):
         with torch.no_grad():
-            cache = DynamicCache(config=model.config)
-            model(input_ids=prefix, attention_mask=mask[:, :context], past_key_values=cache)
+            prefill = DynamicCache()
+            model(input_ids=prefix, attention_mask=valid.long(), past_key_values=prefill)
+            state = DecodeBatch.from_prefill(prefill, valid, torch.arange(batch))
             step = torch.randint(0, vocab, (batch, new_tokens))
             start = time.perf_counter()
-            model(input_ids=step, attention_mask=mask, position_ids=positions, past_key_values=cache)
+            span = state.prepare_step(new_tokens)
+            mask = state.attention_mask(new_tokens, span)
+            model(input_ids=step, attention_mask=mask, position_ids=positions, past_key_values=state.cache)
             times.append(time.perf_counter() - start)
     return statistics.median(times)
 

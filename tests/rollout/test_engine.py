@@ -46,6 +46,43 @@ def test_greedy_matches_cache_free_decoding(model):
         assert result.finish_reason == "length"
 
 
+def test_long_outputs_grow_the_cache_under_rejected_drafts(model):
+    # 200 tokens run every row past its first slots (slot_cache.py grows the buffers); prompt_lookup's mostly
+    # rejected drafts leave slots that the next step must overwrite, and a join mid-way brings rows of other lengths
+    config = SpeculationConfig(method="prompt_lookup", num_draft_tokens=6, min_match=1, prefetch=False, adaptive=False)
+    engine = HFGenerationEngine(model, pad_token_id=0, speculator=Speculator(config))
+    first = engine.add([GenerationRequest(p, 200, GREEDY) for p in PROMPTS[:2]])
+    done = {}
+    for _ in range(20):
+        done.update(engine.step())
+    second = engine.add([GenerationRequest(p, 200, GREEDY) for p in PROMPTS[2:]])
+    while engine.has_work:
+        done.update(engine.step())
+    assert engine.speculator.take_metrics().drafted_tokens > 0
+    for handle, prompt in zip(first + second, PROMPTS):
+        assert done[handle].token_ids == reference_greedy(model, prompt, 200)
+
+
+def test_sliding_window_layers_see_only_their_window():
+    # one sliding-window layer beside a full-attention one: each gets its own mask (engine._attention_masks)
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, use_sliding_window=True, sliding_window=5,
+        max_window_layers=1, layer_types=["full_attention", "sliding_attention"],
+    )
+    config._attn_implementation = "sdpa"
+    windowed = Qwen2ForCausalLM(config).eval()
+    engine = HFGenerationEngine(windowed, pad_token_id=0)
+    results = engine.generate([GenerationRequest(p, 12, GREEDY) for p in PROMPTS])
+    for prompt, result in zip(PROMPTS, results):
+        # this model has near ties (top-2 gaps of 1e-4), so each token is checked on the engine's own prefix
+        with torch.no_grad():
+            logits = windowed(torch.tensor([prompt + result.token_ids])).logits[0, len(prompt) - 1 : -1]
+        chosen = logits.gather(1, torch.tensor(result.token_ids)[:, None]).squeeze(1)
+        assert (logits.max(dim=1).values - chosen).max() < 1e-4
+
+
 def test_identical_prompts_are_prefilled_once(model, monkeypatch):
     # counted at the model's forward, which the engine calls: one prefill row per distinct prompt
     rows_per_forward = []
@@ -141,7 +178,7 @@ def greedy_epochs_metrics(engine, model, epochs=2):
 
 @pytest.mark.parametrize("method", ["prompt_lookup", "ngram_rl", "suffix"])
 def test_speculation_keeps_greedy_output(model, method):
-    # prompt_lookup drafts mostly wrong tokens here (holes, compaction); ngram_rl's second epoch drafts right ones
+    # prompt_lookup drafts mostly wrong tokens here (their slots are overwritten); ngram_rl's second epoch drafts right ones
     config = SpeculationConfig(method=method, num_draft_tokens=6, min_match=1, prefetch=False, adaptive=False)
     metrics = greedy_epochs_metrics(HFGenerationEngine(model, pad_token_id=0, speculator=Speculator(config)), model)
     assert metrics.drafted_tokens > 0

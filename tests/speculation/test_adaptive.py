@@ -14,7 +14,7 @@ def test_expected_emitted_is_geometric_sum():
 
 
 def test_cost_model_interpolates_table_in_log_batch():
-    cost = VerifyCostModel()
+    cost = VerifyCostModel(((1, 1.9), (8, 2.4), (32, 3.1), (128, 3.6)))
     assert cost.ratio(1) == pytest.approx(1.9) and cost.ratio(128) == pytest.approx(3.6)
     assert cost.ratio(4) == pytest.approx(1.9 + (2.4 - 1.9) * np.log(4) / np.log(8))
     assert cost.ratio(1024) == pytest.approx(3.6)  # held beyond the table

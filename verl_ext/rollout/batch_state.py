@@ -1,11 +1,9 @@
-"""The running decode batch: one rectangular KV cache whose rows hold sequences of different lengths.
+"""The running decode batch: one KV cache whose rows hold sequences of different lengths.
 
-Rows are left-padded; a verification step appends K+1 slots to every row and rejected draft slots stay behind
-as holes. Holes and padding are masked out through ``valid`` and never attended to, and position ids are kept
-per row, so each row computes exactly what a cache holding only its own tokens would. ``compact`` squeezes the
-holes out when they grow.
-
-Relies on transformers 5.10's ``DynamicCache.layers[i].keys/values`` being ``[batch, kv_heads, seq, head_dim]``.
+Row b's tokens fill the cache slots [start[b], end[b]) (``start`` > 0: the left padding of a batched prefill).
+A step writes the pending token and the draft at [end, end + S); verification then moves ``end`` past the
+tokens kept, so a rejected draft's slots are overwritten by the next step and never attended to. Position
+ids are kept per row, so each row computes exactly what a cache holding only its own tokens would.
 """
 
 from dataclasses import dataclass, field
@@ -13,89 +11,83 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from verl_ext.rollout.slot_cache import SlotCache
+
+# Free slots per row beyond a new batch's prompts; the cache doubles when a row runs out.
+_INITIAL_HEADROOM = 128
+
 
 @dataclass
 class DecodeBatch:
-    cache: DynamicCache
-    valid: torch.Tensor  # [B, T] bool: cache slot holds a real token of the row
+    cache: SlotCache
+    start: torch.Tensor  # [B] long: the row's first slot
+    end: torch.Tensor  # [B] long: one past the row's last written slot (where the next step writes)
     next_position: torch.Tensor  # [B] long: position id of ``pending_token``
     pending_token: torch.Tensor  # [B] long: sampled, not yet in the cache
     request_ids: list[int] = field(default_factory=list)  # [B] engine-side handle of each row
 
-    @property
-    def size(self) -> int:
-        return self.valid.shape[0]
+    @classmethod
+    def from_prefill(cls, prefill: DynamicCache, valid: torch.Tensor, rows: torch.Tensor) -> "DecodeBatch":
+        """One row per entry of ``rows`` ([N] indices into a left-padded prefill whose mask is valid [U, W])."""
+        width = valid.shape[1]
+        keys = [_with_headroom(layer.keys.index_select(0, rows)) for layer in prefill.layers]
+        values = [_with_headroom(layer.values.index_select(0, rows)) for layer in prefill.layers]
+        lengths = valid.sum(dim=1).index_select(0, rows)
+        return cls(SlotCache(keys, values), start=width - lengths, end=torch.full_like(lengths, width),
+                   next_position=lengths, pending_token=torch.zeros_like(lengths))
 
     @property
-    def cache_length(self) -> int:
-        return self.valid.shape[1]
+    def size(self) -> int:
+        return self.end.shape[0]
+
+    def prepare_step(self, width: int) -> int:
+        """Make room for ``width`` new tokens per row at [end, end + width); returns the span the step reads."""
+        return self.cache.prepare_write(self.end, width)
+
+    def attention_mask(self, width: int, span: int, window: int | None = None) -> torch.Tensor:
+        """The step's attention mask [B, 1, width, span] (bool; True: attend).
+
+        Query s of row b sits at slot end[b] + s and sees the row's slots start[b]..end[b] + s: its cached
+        tokens, then the step's own tokens up to itself (causal); with a sliding ``window``, only the last
+        ``window`` of those (a row's slots hold consecutive positions). Slots past a row's draft hold padding
+        that no kept token sees."""
+        slots = torch.arange(span, device=self.end.device)  # [span]
+        query_slot = (self.end[:, None] + torch.arange(width, device=self.end.device))[:, :, None]  # [B, S, 1]
+        mask = (slots >= self.start[:, None, None]) & (slots <= query_slot)  # [B, S, span]
+        if window is not None:
+            mask &= slots > query_slot - window
+        return mask[:, None]
+
+    def keep(self, kept: torch.Tensor) -> None:
+        """After a step: the first kept[b] of row b's new slots hold its tokens from now on. kept: [B] long."""
+        self.end = self.end + kept
 
     def select_rows(self, rows: torch.Tensor) -> "DecodeBatch":
         """Keep only ``rows`` (e.g. drop finished sequences)."""
-        for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(0, rows)
-            layer.values = layer.values.index_select(0, rows)
+        self.cache.select_rows(rows)
         return DecodeBatch(
             cache=self.cache,
-            valid=self.valid.index_select(0, rows),
+            start=self.start.index_select(0, rows),
+            end=self.end.index_select(0, rows),
             next_position=self.next_position.index_select(0, rows),
             pending_token=self.pending_token.index_select(0, rows),
             request_ids=[self.request_ids[i] for i in rows.tolist()],
         )
 
-    def append_slots(self, slot_valid: torch.Tensor) -> None:
-        """Record the slots the last forward appended to the cache. slot_valid: [B, S] bool."""
-        self.valid = torch.cat([self.valid, slot_valid], dim=1)
-
-    def hole_fraction(self) -> float:
-        return 1.0 - self.valid.sum().item() / max(1, self.valid.numel())
-
-    def compact(self) -> None:
-        """Left-align every row's valid slots into the shortest rectangle (drops holes and spare padding)."""
-        counts = self.valid.sum(dim=1)  # [B]
-        width = int(counts.max().item())
-        # Source index for each destination slot: valid slots in order, right-aligned to ``width``.
-        order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :width]  # [B, width]
-        shift = width - counts  # [B] left padding per row
-        dest = torch.arange(width, device=self.valid.device).unsqueeze(0) - shift.unsqueeze(1)  # [B, width]
-        new_valid = dest >= 0
-        source = torch.where(new_valid, order.gather(1, dest.clamp(min=0)), torch.zeros_like(dest))  # [B, width]
-        for layer in self.cache.layers:
-            layer.keys = _gather_slots(layer.keys, source)
-            layer.values = _gather_slots(layer.values, source)
-        self.valid = new_valid
-
-
-def _gather_slots(states: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-    """states: [B, H, T, D]; source: [B, W] slot indices -> [B, H, W, D]."""
-    batch, heads, _, dim = states.shape
-    index = source[:, None, :, None].expand(batch, heads, source.shape[1], dim)
-    return states.gather(2, index)
-
 
 def concat_batches(first: DecodeBatch, second: DecodeBatch) -> DecodeBatch:
-    """Stack two batches row-wise, left-padding the shorter cache (new arrivals join a running batch)."""
-    width = max(first.cache_length, second.cache_length)
-    for layer_a, layer_b in zip(first.cache.layers, second.cache.layers, strict=True):
-        layer_a.keys = torch.cat([_left_pad(layer_a.keys, width), _left_pad(layer_b.keys, width)], dim=0)
-        layer_a.values = torch.cat([_left_pad(layer_a.values, width), _left_pad(layer_b.values, width)], dim=0)
-    valid = torch.cat([_left_pad_mask(first.valid, width), _left_pad_mask(second.valid, width)], dim=0)
+    """Stack two batches row-wise (new arrivals join a running batch); each row keeps its own slots."""
+    first.cache.extend(second.cache)
     return DecodeBatch(
         cache=first.cache,
-        valid=valid,
+        start=torch.cat([first.start, second.start]),
+        end=torch.cat([first.end, second.end]),
         next_position=torch.cat([first.next_position, second.next_position]),
         pending_token=torch.cat([first.pending_token, second.pending_token]),
         request_ids=first.request_ids + second.request_ids,
     )
 
 
-def _left_pad(states: torch.Tensor, width: int) -> torch.Tensor:
-    missing = width - states.shape[2]
-    if missing == 0:
-        return states
-    return torch.nn.functional.pad(states, (0, 0, missing, 0))
-
-
-def _left_pad_mask(valid: torch.Tensor, width: int) -> torch.Tensor:
-    missing = width - valid.shape[1]
-    return torch.nn.functional.pad(valid, (missing, 0), value=False) if missing else valid
+def _with_headroom(states: torch.Tensor) -> torch.Tensor:
+    """[B, H, W, D] -> [B, H, W + _INITIAL_HEADROOM, D], the prefill's slots first."""
+    return torch.nn.functional.pad(states, (0, 0, 0, _INITIAL_HEADROOM))

@@ -29,10 +29,6 @@ from verl_ext.speculation import (
     verify,
 )
 
-# Compact the cache once more than this share of its slots are holes or padding.
-_COMPACT_HOLE_FRACTION = 0.5
-
-
 @dataclass
 class RowState:
     """Engine-side bookkeeping of one sequence."""
@@ -204,18 +200,12 @@ class HFGenerationEngine:
             input_ids[i, width - len(prompt) :] = torch.tensor(prompt, device=self.device)
             valid[i, width - len(prompt) :] = True
         positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
+        cache = DynamicCache()  # every layer keeps all its keys (with a config, sliding-window layers keep a window)
         out = self.model(
             input_ids=input_ids, attention_mask=valid.long(), position_ids=positions, past_key_values=cache
         )
         member_of = torch.tensor([unique.index(p) for p in prompts], device=self.device)  # [N]
-        batch = DecodeBatch(
-            cache=out.past_key_values,
-            valid=valid,
-            next_position=valid.sum(dim=1),
-            pending_token=torch.zeros(len(unique), dtype=torch.long, device=self.device),
-            request_ids=list(range(len(unique))),
-        ).select_rows(member_of)
+        batch = DecodeBatch.from_prefill(out.past_key_values, valid, member_of)
         batch.request_ids = list(handles)
         last_logits = out.logits[:, -1].index_select(0, member_of)  # [N, V]
         tokens, log_probs = self._sample_first(last_logits, [self.rows[h] for h in handles])
@@ -233,26 +223,17 @@ class HFGenerationEngine:
         for i, draft in enumerate(drafts):
             if draft:
                 input_ids[i, 1 : 1 + len(draft)] = torch.tensor(draft, device=self.device)
-        draft_lens = torch.tensor([len(d) for d in drafts], device=self.device)
-        offsets = torch.arange(width, device=self.device)
-        slot_valid = offsets.unsqueeze(0) <= draft_lens.unsqueeze(1)  # [B, K+1]
-        positions = batch.next_position.unsqueeze(1) + offsets.unsqueeze(0)
-        attention_mask = torch.cat([batch.valid, slot_valid], dim=1).long()
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=positions,
-            past_key_values=batch.cache,
-        )
+        positions = batch.next_position.unsqueeze(1) + torch.arange(width, device=self.device).unsqueeze(0)
+        span = batch.prepare_step(width)
+        masks = _attention_masks(self.model.config, lambda window: batch.attention_mask(width, span, window))
+        out = self.model(input_ids=input_ids, attention_mask=masks, position_ids=positions, past_key_values=batch.cache)
         return out.logits
 
     def _advance(self, batch: DecodeBatch, emitted: list[list[int]], log_probs: list[list[float]]) -> None:
-        """Keep the cache slots of accepted tokens; the last emitted token of each row becomes pending."""
-        accepted = torch.tensor([len(e) - 1 for e in emitted], device=self.device)  # drafts kept per row
-        width = batch.cache.layers[0].keys.shape[2] - batch.cache_length  # slots the last forward appended
-        offsets = torch.arange(width, device=self.device)
-        batch.append_slots(offsets.unsqueeze(0) <= accepted.unsqueeze(1))
-        batch.next_position = batch.next_position + accepted + 1
+        """Keep the cache slots of the pending token and the accepted drafts; the last emitted token becomes pending."""
+        kept = torch.tensor([len(e) for e in emitted], device=self.device)  # pending token + accepted drafts
+        batch.keep(kept)
+        batch.next_position = batch.next_position + kept
         batch.pending_token = torch.tensor([e[-1] for e in emitted], device=self.device)
         for handle, tokens, lps in zip(batch.request_ids, emitted, log_probs, strict=True):
             row = self.rows[handle]
@@ -277,9 +258,20 @@ class HFGenerationEngine:
             self.batch = None
         elif finished:
             self.batch = self.batch.select_rows(torch.tensor(keep, device=self.device))
-        if self.batch is not None and self.batch.hole_fraction() > _COMPACT_HOLE_FRACTION:
-            self.batch.compact()
         return finished
+
+
+def _attention_masks(config, mask_for: Callable[[Optional[int]], torch.Tensor]) -> torch.Tensor | dict:
+    """The step's 4-D masks as the model's layers take them (transformers passes a 4-D mask through as given):
+    one for every layer, or one per layer type where sliding-window layers sit beside full-attention ones.
+    mask_for(window): the mask, limited to the last ``window`` tokens unless None."""
+    window = getattr(config, "sliding_window", None)
+    types = set(getattr(config, "layer_types", None) or ())
+    if window is None or (types and "sliding_attention" not in types):
+        return mask_for(None)
+    if "full_attention" in types:
+        return {"full_attention": mask_for(None), "sliding_attention": mask_for(window)}
+    return mask_for(window)
 
 
 def _finish_if_done(row: RowState) -> Optional[GenerationResult]:

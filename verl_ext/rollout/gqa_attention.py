@@ -28,7 +28,11 @@ def sdpa_gqa_attention(module, query, key, value, attention_mask, dropout=0.0, s
 
 
 def rollout_attention(attn_implementation: str, device: torch.device) -> str:
-    """The implementation the rollout model runs: ours in place of ``sdpa`` on CPU, else what was asked."""
+    """The implementation the rollout model runs: ours in place of ``sdpa`` on CPU, else what was asked, except
+    that flash-attention's varlen kernels, which take no 4-D mask, give way to ``sdpa``: the rollout engine's
+    cache (slot_cache.py) attends through one."""
+    if attn_implementation.startswith("flash_attention"):
+        attn_implementation = "sdpa"
     if attn_implementation != "sdpa" or device.type != "cpu":
         return attn_implementation
     AttentionInterface.register(ATTN_IMPLEMENTATION, sdpa_gqa_attention)

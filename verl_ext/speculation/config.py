@@ -16,7 +16,7 @@ MAX_DRAFT_TOKENS = 16
 # (batch size, cost of a forward over 1 + 16 tokens / cost of a forward over 1 token), measured on CPU (setup:
 # docs/speculation-tuning.md). Accelerators get no default: there the ratio is close to 1 at small batch and grows
 # with batch size differently for each device and model, so each measures its own (benchmarks/verify_cost.py).
-CPU_VERIFY_COST_TABLE: CostTable = ((1, 1.9), (8, 2.4), (32, 3.1), (128, 3.6))
+CPU_VERIFY_COST_TABLE: CostTable = ((1, 1.25), (8, 2.0), (32, 3.1), (128, 4.5))
 
 
 def _fail(field: str, value: Any, fix: str) -> None:

@@ -1,0 +1,95 @@
+"""The decode batch's KV cache: preallocated slots per row, each forward's keys and values written in place.
+
+transformers' DynamicCache concatenates every layer's whole cache with the new tokens on every forward (a copy of
+the cache per step), and a verification step appends K+1 slots to every row whether or not its drafts are kept.
+Here each row owns the slots [0, capacity) of its buffer and a write offset (DecodeBatch.end): a forward writes
+its S new tokens at [end, end + S) with one scatter per layer, and a rejected draft's slots are simply
+overwritten by the next forward. The buffers grow geometrically when a row reaches the end.
+
+Implements the part of transformers 5.10's ``Cache`` interface its decoder layers call (``update``); the
+attention mask comes from DecodeBatch, passed to the model as a 4-D mask per attention type.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class SlotLayer(CacheLayerMixin):
+    """One decoder layer's keys and values, [B, kv_heads, capacity, head_dim] each."""
+
+    is_sliding = False
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.keys, self.values, self.is_initialized = keys, values, True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        raise RuntimeError("SlotLayer is built from existing buffers")
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        raise RuntimeError("SlotCache.update writes the layers")
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        raise RuntimeError("SlotCache's callers pass their own 4-D attention mask")
+
+    def get_seq_length(self) -> int:
+        return self.keys.shape[2]
+
+    def get_max_cache_shape(self) -> int:
+        return self.keys.shape[2]
+
+
+class SlotCache(Cache):
+    """KV buffers of every layer plus where the next forward writes. Owned by the engine's thread alone."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]):
+        # keys, values: per layer [B, kv_heads, capacity, head_dim]
+        super().__init__(layers=[SlotLayer(k, v) for k, v in zip(keys, values, strict=True)])
+        self._write_index: torch.Tensor | None = None  # [B, kv_heads, S, head_dim] slot of each new token
+        self._span = 0  # slots the next forward attends over (the longest row's end + S)
+
+    @property
+    def capacity(self) -> int:
+        return self.layers[0].keys.shape[2]
+
+    def prepare_write(self, ends: torch.Tensor, width: int) -> int:
+        """The next forward writes ``width`` tokens per row at [ends, ends + width); returns the span it reads."""
+        self._span = int(ends.max().item()) + width
+        if self._span > self.capacity:
+            self.grow(max(self._span, 2 * self.capacity))
+        batch, heads, _, dim = self.layers[0].keys.shape
+        slots = ends[:, None] + torch.arange(width, device=ends.device)  # [B, S]
+        self._write_index = slots[:, None, :, None].expand(batch, heads, width, dim)
+        return self._span
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """key_states, value_states: [B, kv_heads, S, head_dim] -> the layer's [B, kv_heads, span, head_dim]."""
+        layer = self.layers[layer_idx]
+        layer.keys.scatter_(2, self._write_index, key_states)
+        layer.values.scatter_(2, self._write_index, value_states)
+        return layer.keys[:, :, : self._span], layer.values[:, :, : self._span]
+
+    def grow(self, capacity: int) -> None:
+        for layer in self.layers:
+            layer.keys = _pad_slots(layer.keys, capacity)
+            layer.values = _pad_slots(layer.values, capacity)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` ([B'] indices), in that order."""
+        for layer in self.layers:
+            layer.keys = layer.keys.index_select(0, rows)
+            layer.values = layer.values.index_select(0, rows)
+
+    def extend(self, other: "SlotCache") -> None:
+        """Append ``other``'s rows after this cache's (new arrivals joining the running batch)."""
+        capacity = max(self.capacity, other.capacity)
+        for mine, theirs in zip(self.layers, other.layers, strict=True):
+            mine.keys = torch.cat([_pad_slots(mine.keys, capacity), _pad_slots(theirs.keys, capacity)])
+            mine.values = torch.cat([_pad_slots(mine.values, capacity), _pad_slots(theirs.values, capacity)])
+
+
+def _pad_slots(states: torch.Tensor, capacity: int) -> torch.Tensor:
+    missing = capacity - states.shape[2]
+    return torch.nn.functional.pad(states, (0, 0, 0, missing)) if missing > 0 else states
