@@ -128,3 +128,31 @@ def test_frequent_continuation_matches_the_plain_voting_rule_on_random_histories
         window = history[ends[:, None] + 1 + np.arange(budget)]
         expected = _reference_vote(window, min_prob) if ends.size else []
         assert frequent_continuation(history, ends, budget, min_prob) == expected
+
+
+def _reference_match(history, context, min_n, max_n):
+    """Every continuable end scanned backwards token by token: (longest length, its ends in order)."""
+    best, best_ends = 0, []
+    for end in range(1, len(history) - 1):
+        if history[end + 1] == SEP:
+            continue
+        n = 0
+        while n < min(max_n, len(context)) and history[end - n] == context[-1 - n]:  # history[0] is SEP: stops
+            n += 1
+        if n > best:
+            best, best_ends = n, [end]
+        elif n == best and n:
+            best_ends.append(end)
+    return (best, best_ends) if best >= min_n else (0, [])
+
+
+def test_extend_match_equals_the_token_by_token_scan_on_random_histories():
+    rng = random.Random(1)
+    for _ in range(1500):
+        vocab = rng.choice([2, 3, 5])
+        history = as_history([[rng.randrange(vocab) for _ in range(rng.randrange(1, 20))]
+                              for _ in range(rng.randrange(1, 20))])
+        context = [rng.randrange(vocab) for _ in range(rng.randrange(1, 12))]
+        min_n, max_n = rng.choice([(1, 1), (1, 4), (2, 8), (3, 16)])
+        n, ends = longest_match(history, context, min_n, max_n)
+        assert (n, ends.tolist()) == _reference_match(history, context, min_n, max_n)

@@ -32,32 +32,24 @@ def as_history(segments: Sequence[Sequence[int]]) -> np.ndarray:
     return np.asarray(parts + [SEP] * PAD, dtype=np.int32)
 
 
-def match_levels(history: np.ndarray, ends: np.ndarray, context: Sequence[int], max_n: int) -> list[np.ndarray]:
-    """levels[n - 1]: ends of the occurrences of the last n context tokens that have a continuation."""
-    # history: [L] int32 with history[0] == SEP; ends: [C] candidate end indices
-    ends = ends[history[ends + 1] != SEP] if ends.size else ends
-    levels = []
-    for k in range(min(max_n, len(context))):
-        # history[0] is SEP and matched tokens are never SEP, so ends - k never goes below 0.
-        ends = ends[history[ends - k] == context[-1 - k]]
-        if ends.size == 0:
-            break
-        levels.append(ends)
-    return levels
-
-
 def extend_match(history: np.ndarray, ends: np.ndarray, context: Sequence[int],
                  min_n: int, max_n: int) -> tuple[int, np.ndarray]:
     """Grow the match backwards from candidate ends; return (length, ends of the longest suffix match).
 
     history: [L] int32 with history[0] == SEP; ends: [C] candidate end indices; context: the tokens
     before the draft (only the last max_n are read). A match must be followed by a token (not SEP)
-    and be at least min_n long, otherwise (0, []) is returned.
+    and be at least min_n long, otherwise (0, []) is returned. The ends keep their order.
     """
-    if len(context) < min_n:
+    n = min(max_n, len(context))
+    if n < min_n or ends.size == 0:
         return 0, _EMPTY
-    levels = match_levels(history, ends, context, max_n)
-    return (len(levels), levels[-1]) if len(levels) >= min_n else (0, _EMPTY)
+    ends = ends[history[ends + 1] != SEP]
+    # [C, n] the tokens ending at each candidate, newest first; index 0 (a SEP) stands in for anything before it
+    window = history[np.maximum(ends[:, None] - np.arange(n), 0)]
+    wanted = np.asarray(context[len(context) - n:][::-1])  # [n] the context's last n tokens, newest first
+    lengths = np.logical_and.accumulate(window == wanted, axis=1).sum(axis=1)  # [C] tokens matched (SEP never is)
+    longest = int(lengths.max(initial=0))
+    return (longest, ends[lengths == longest]) if longest >= max(min_n, 1) else (0, _EMPTY)
 
 
 def frequent_continuation(history: np.ndarray, ends: np.ndarray, budget: int, min_prob: float = 0.0) -> list[int]:

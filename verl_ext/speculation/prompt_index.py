@@ -18,7 +18,7 @@ from typing import Iterator, NamedTuple, Sequence
 import numpy as np
 
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
-from verl_ext.speculation.ngram_match import SEP, continuation_windows, match_levels
+from verl_ext.speculation.ngram_match import SEP, continuation_windows, extend_match
 from verl_ext.speculation.outcome_drafts import PrefetchWork
 from verl_ext.speculation.vote_memo import VoteMemo
 
@@ -72,15 +72,23 @@ class PromptIndex(PrefetchWork):
             if span.stop > span.start:
                 nexts = self._pair_next[span]
                 starts = np.concatenate(([0], np.flatnonzero(nexts[1:] != nexts[:-1]) + 1))  # next token changes
-                groups = NextTokenGroups(self._pair_positions[span], starts, set(nexts[starts].tolist()),
-                                         nexts[starts].tolist())
+                tokens = nexts[starts].tolist()
+                groups = NextTokenGroups(self._pair_positions[span], starts, {t: g for g, t in enumerate(tokens)},
+                                         tokens)
             self._next_token_groups[token] = groups
         return self._next_token_groups[token]
 
     def follows(self, previous: int, token: int) -> bool:
         """Whether `token` occurs right after `previous` somewhere (with a continuation after it)."""
         group = self.next_token_groups(previous)
-        return group is not None and token in group.token_set
+        return group is not None and token in group.runs
+
+    def pair_ends(self, previous: int, token: int) -> np.ndarray:
+        """[n] ends of the occurrences of (previous, token) that have a next token, oldest first (follows() is True)."""
+        group = self.next_token_groups(previous)
+        run = group.runs[token]
+        stop = group.starts[run + 1] if run + 1 < len(group.starts) else None
+        return group.positions[group.starts[run]:stop] + 1
 
     def draft(self, context: Sequence[int]) -> list[int]:
         """The MAX_DRAFT_TOKENS draft after `context` (its last max_n tokens); shorter budgets take a prefix."""
@@ -95,8 +103,10 @@ class PromptIndex(PrefetchWork):
         """draft() of a context whose last max_n tokens are `tail` and whose last two occur together."""
         draft = self._by_context.get(tail)
         if draft is None:
-            levels = match_levels(self.history, self.ends(tail[-1]), tail, self.max_n)
-            draft = [] if len(levels) < self.min_n else self.suffix_draft(tail[-len(levels):], levels[-1])
+            # the last two tokens occur together: start from their occurrences, not from every occurrence of the last
+            candidates = self.pair_ends(tail[-2], tail[-1]) if len(tail) > 1 else self.ends(tail[-1])
+            n, ends = extend_match(self.history, candidates, tail, self.min_n, self.max_n)
+            draft = self.suffix_draft(tail[-n:], ends) if n else []
             self._by_context[tail] = draft
         return draft
 
@@ -137,7 +147,7 @@ class NextTokenGroups(NamedTuple):
 
     positions: np.ndarray  # [n] sorted by the next token, then oldest first
     starts: np.ndarray  # [g] where each next token's run begins in `positions`
-    token_set: set[int]  # the next tokens
+    runs: dict[int, int]  # next token -> its run's index in `starts`
     tokens: list[int]  # [g] the next tokens, in run order
 
 

@@ -34,7 +34,7 @@ _MAX_INDEXES = 1024
 # times over): the request's own context and the global history need two.
 _FALLBACK_MIN_MATCH = 2
 _GLOBAL_CANDIDATES = 256  # most recent occurrences of the last two context tokens a global match starts from
-_PADDING = [SEP] * PAD
+_PADDING = np.full(PAD, SEP, dtype=np.int32)
 
 
 class _IndexedPrompt(NamedTuple):
@@ -79,6 +79,9 @@ class NgramRLDrafter(Drafter):
         # prompt key -> its index, least recently used first
         self._indexes: OrderedDict[int, _IndexedPrompt] = OrderedDict()
         self._indexes_lock = threading.Lock()  # the prefetch thread builds and reads indexes too
+        # prompt key -> [SEP, *prompt] int32, the self source's start (a pure function of the key: a race at worst
+        # builds one twice; cleared when it holds _MAX_INDEXES prompts)
+        self._prompt_arrays: dict[int, np.ndarray] = {}
         self._votes = VoteMemo()  # shared by all indexes: the key is the windows' content
         self.live = LiveOutputs() if config.draft_from_siblings else None
         self.draft_from_self = config.draft_from_self
@@ -127,12 +130,21 @@ class NgramRLDrafter(Drafter):
             if history is not None:
                 yield "siblings", history, np.flatnonzero(history[:-1] == context[-1]), self.min_n
         if self.draft_from_self:
-            own = np.asarray([SEP, *request.context_tail(len(request.prompt_tokens) + len(request.output_tokens)),
-                              *_PADDING], dtype=np.int32)
+            own = self._own_history(request)
             yield "self", own, np.flatnonzero(own[:-1] == context[-1]), max(self.min_n, _FALLBACK_MIN_MATCH)
         if self.global_history is not None:
             candidates = self.global_history.candidates(context, _GLOBAL_CANDIDATES)
             yield "global", self.global_history.buf, candidates, max(self.min_n, _FALLBACK_MIN_MATCH)
+
+    def _own_history(self, request: DraftRequest) -> np.ndarray:
+        """[L] the request's prompt and output in ngram_match's layout."""
+        prompt = self._prompt_arrays.get(request.prompt_key)
+        if prompt is None:
+            if len(self._prompt_arrays) >= _MAX_INDEXES:
+                self._prompt_arrays = {}
+            prompt = self._prompt_arrays[request.prompt_key] = np.asarray([SEP, *request.prompt_tokens], np.int32)
+        output = np.fromiter(request.output_tokens, np.int32, len(request.output_tokens))
+        return np.concatenate((prompt, output, _PADDING))
 
     def next_token_counts(self, request: DraftRequest) -> list[tuple[int, int]]:
         """Ranks prefetch outcomes where the fallback drafts (the prompt index prefetches all of its own)."""
