@@ -121,3 +121,16 @@ def test_top_k_keeps_ties_with_kth_logit():
     # As in vLLM and the engine's plain sampler: every logit equal to the k-th largest stays.
     probs = processed_probs(torch.tensor([[2.0, 1.0, 1.0, 0.0]]), BatchSamplingParams.full(1, top_k=2))
     assert (probs[0] > 0).tolist() == [True, True, True, False]
+
+
+def test_inverse_cdf_never_draws_a_zero_probability_token(monkeypatch):
+    from verl_ext.speculation import sampling
+
+    probs = torch.tensor([[0.0, 0.3, 0.0, 0.7, 0.0, 0.0]])  # zero mass at both ends and between
+    draws = [sampling.sample_from(probs, torch.Generator().manual_seed(s)).item() for s in range(300)]
+    assert set(draws) == {1, 3}
+    # the extreme uniforms: 0 must skip the leading zero-mass token, the largest below 1 the trailing ones
+    for u, expected in ((0.0, 1), (1.0 - 2.0**-24, 3)):
+        fixed = lambda *shape, u=u, **kwargs: torch.full(shape, u, dtype=kwargs["dtype"])  # noqa: E731
+        monkeypatch.setattr(sampling.torch, "rand", fixed)
+        assert sampling.sample_from(probs, None).item() == expected

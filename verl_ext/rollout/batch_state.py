@@ -62,17 +62,31 @@ class DecodeBatch:
         """After a step: the first kept[b] of row b's new slots hold its tokens from now on. kept: [B] long."""
         self.end = self.end + kept
 
-    def select_rows(self, rows: torch.Tensor) -> "DecodeBatch":
-        """Keep only ``rows`` (e.g. drop finished sequences)."""
-        self.cache.select_rows(rows)
+    def drop_rows(self, finished: list[int]) -> "DecodeBatch":
+        """The batch without the rows at indices ``finished``: each of their places below the new size takes a
+        surviving row from the end, so only those rows move (row order carries no meaning)."""
+        order = fill_from_the_end(self.size, finished)
+        self.cache.keep_rows(order, int(self.end.max().item()))
+        rows = torch.tensor(order, device=self.end.device)
         return DecodeBatch(
             cache=self.cache,
             start=self.start.index_select(0, rows),
             end=self.end.index_select(0, rows),
             next_position=self.next_position.index_select(0, rows),
             pending_token=self.pending_token.index_select(0, rows),
-            request_ids=[self.request_ids[i] for i in rows.tolist()],
+            request_ids=[self.request_ids[i] for i in order],
         )
+
+
+def fill_from_the_end(size: int, removed: list[int]) -> list[int]:
+    """The old index of each row that stays, when each removed row below the new size is refilled with a survivor
+    from the end: [0, 1, ..., size - 1] minus ``removed``, moving as few rows as possible."""
+    removed_set, new_size = set(removed), size - len(set(removed))
+    movers = [i for i in range(new_size, size) if i not in removed_set]  # survivors past the new end
+    order = list(range(new_size))
+    for hole, source in zip(sorted(i for i in removed_set if i < new_size), movers, strict=True):
+        order[hole] = source
+    return order
 
 
 def concat_batches(first: DecodeBatch, second: DecodeBatch) -> DecodeBatch:

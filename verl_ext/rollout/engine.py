@@ -242,22 +242,22 @@ class HFGenerationEngine:
 
     def _retire_finished(self, rows: list[RowState]) -> dict[int, GenerationResult]:
         finished: dict[int, GenerationResult] = {}
-        keep = []
+        done_rows = []
         for index, (handle, row) in enumerate(zip(self.batch.request_ids, rows, strict=True)):
             result = _finish_if_done(row)
             if result is None:
-                keep.append(index)
                 continue
+            done_rows.append(index)
             finished[handle] = result
             del self.rows[handle]
             if self.speculator:
                 # siblings still running draft from this response from the step after next (speculator.py: why)
                 self.speculator.observe(row.prompt_key, row.request.prompt_ids, result.token_ids)
                 self.speculator.release([handle])
-        if not keep:
+        if len(done_rows) == len(rows):
             self.batch = None
-        elif finished:
-            self.batch = self.batch.select_rows(torch.tensor(keep, device=self.device))
+        elif done_rows:
+            self.batch = self.batch.drop_rows(done_rows)
         return finished
 
 

@@ -76,11 +76,15 @@ class SlotCache(Cache):
             layer.keys = _pad_slots(layer.keys, capacity)
             layer.values = _pad_slots(layer.values, capacity)
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only ``rows`` ([B'] indices), in that order."""
+    def keep_rows(self, order: list[int], used: int) -> None:
+        """Row i becomes old row order[i] (len(order) rows stay). Rows that keep their place are not copied, and
+        only the first ``used`` slots of a moved row are: dropping a finished row copies one row, not the cache."""
         for layer in self.layers:
-            layer.keys = layer.keys.index_select(0, rows)
-            layer.values = layer.values.index_select(0, rows)
+            for states in (layer.keys, layer.values):
+                for row, source in enumerate(order):
+                    if source != row:
+                        states[row, :, :used] = states[source, :, :used]
+            layer.keys, layer.values = layer.keys[: len(order)], layer.values[: len(order)]
 
     def extend(self, other: "SlotCache") -> None:
         """Append ``other``'s rows after this cache's (new arrivals joining the running batch)."""

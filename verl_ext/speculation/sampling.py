@@ -123,8 +123,16 @@ def sample_logprobs(logits: torch.Tensor, params: BatchSamplingParams, tokens: t
 
 
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row from (unnormalised) probabilities."""  # probs: [N, V] -> [N]
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """One token per row from (unnormalised) probabilities, by inverting the CDF at one uniform per row.
+
+    The first token whose cumulative mass exceeds u * total: token y is drawn with probability p(y) / total, and
+    a zero-probability token never (its cumulative mass equals its predecessor's). torch.multinomial draws V
+    exponentials per row instead (on CPU, 0.9 ms of a 7 ms decode step at 64 rows, V = 732).
+    """  # probs: [N, V] -> [N]
+    cdf = probs.cumsum(dim=-1)  # [N, V]
+    # u < 1, so u * total < total (rounded to nearest, t * (1 - 2^-24) stays below t): some token's mass exceeds it
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1)
 
 
 def sample_next(logits: torch.Tensor, params: BatchSamplingParams, generator: torch.Generator | None) -> Sampled:
