@@ -1,0 +1,77 @@
+"""The HF rollout engine alone, without verl around it: one GRPO group batch per round, with and without ngram_rl.
+
+    python benchmarks/engine_rollout.py [--profile long] [--rounds 4] [--prompts 8] [--n 8]
+
+Both sides run in this process on the embedded default's policy and prompts (--profile long: the long-answer
+task of demo_cpu_long; built under $VERL_EXT_DATA_DIR or data/ on first use), temperature 1, max_response_length
+of the matching recipe. Every round sends the same prompts again (n samples each), as an epoch of RL does, so
+ngram_rl's round r drafts from rounds < r. Prints per round: tokens, wall-clock, tokens/s, the engine's phase
+seconds, accepted tokens per forward; then each side's mean over rounds >= 1 and their ratio. The two
+sides alternate round by round.
+"""
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from verl_ext.rollout.engine import HFGenerationEngine
+from verl_ext.rollout.gqa_attention import rollout_attention
+from verl_ext.rollout.requests import GenerationRequest, SamplingSettings
+from verl_ext.speculation import SpeculationConfig, Speculator
+
+MAX_NEW_TOKENS = {"full": 64, "long": 384}  # the recipes' data.max_response_length
+
+
+def load_task(profile: str, num_prompts: int):
+    from verl_ext.demo.build import ensure_demo_assets
+
+    assets = ensure_demo_assets(Path(os.environ.get("VERL_EXT_DATA_DIR", "data")).resolve(), profile=profile)
+    tokenizer = AutoTokenizer.from_pretrained(assets.tokenizer_path)
+    attention = rollout_attention("sdpa", torch.device("cpu"))  # what the HF rollout runs on CPU
+    model = AutoModelForCausalLM.from_pretrained(assets.model_path, dtype=torch.float32,
+                                                 attn_implementation=attention).eval()
+    return model, assets.prompt_ids(num_prompts), frozenset({tokenizer.eos_token_id})
+
+
+def run_round(engine: HFGenerationEngine, requests: list[GenerationRequest], name: str, r: int) -> float:
+    start = time.perf_counter()
+    results = engine.generate(requests)
+    wall = time.perf_counter() - start
+    tokens = sum(len(result.token_ids) for result in results)
+    phases = " ".join(f"{phase} {s:.2f}s" for phase, s in engine.take_phase_seconds().items())
+    spec = ""
+    if engine.speculator is not None:
+        spec = f"  accepted/forward {engine.speculator.take_metrics().accepted_tokens_per_forward:.2f}"
+    print(f"{name:>9} round {r}: {tokens} tokens in {wall:.2f}s = {tokens / wall:.0f} tokens/s  {phases}{spec}")
+    return tokens / wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", choices=sorted(MAX_NEW_TOKENS), default="long")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--n", type=int, default=8)
+    args = parser.parse_args()
+    model, prompts, stops = load_task(args.profile, args.prompts)
+    requests = [GenerationRequest(p, MAX_NEW_TOKENS[args.profile], SamplingSettings(temperature=1.0), stops)
+                for p in prompts for _ in range(args.n)]
+    print(f"threads {torch.get_num_threads()}, {len(requests)} requests a round")
+    engines = {"none": HFGenerationEngine(model, pad_token_id=0, seed=0),
+               "ngram_rl": HFGenerationEngine(model, pad_token_id=0, seed=0,
+                                              speculator=Speculator(SpeculationConfig(method="ngram_rl")))}
+    rates = {name: [] for name in engines}
+    for r in range(args.rounds):  # the two sides alternate, so a drift in the machine's speed hits both alike
+        for name, engine in engines.items():
+            rates[name].append(run_round(engine, requests, name, r))
+    means = {name: sum(rs[1:] or rs) / len(rs[1:] or rs) for name, rs in rates.items()}
+    print(f"tokens/s over rounds >= 1: none {means['none']:.0f}, ngram_rl {means['ngram_rl']:.0f}, "
+          f"ratio {means['ngram_rl'] / means['none']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
