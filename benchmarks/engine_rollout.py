@@ -26,14 +26,14 @@ from verl_ext.speculation import SpeculationConfig, Speculator
 MAX_NEW_TOKENS = {"full": 64, "long": 384}  # the recipes' data.max_response_length
 
 
-def load_task(profile: str, num_prompts: int):
+def load_task(profile: str, num_prompts: int, device: torch.device = torch.device("cpu")):
     from verl_ext.demo.build import ensure_demo_assets
 
     assets = ensure_demo_assets(Path(os.environ.get("VERL_EXT_DATA_DIR", "data")).resolve(), profile=profile)
     tokenizer = AutoTokenizer.from_pretrained(assets.tokenizer_path)
-    attention = rollout_attention("sdpa", torch.device("cpu"))  # what the HF rollout runs on CPU
+    attention = rollout_attention("sdpa", device)  # what the HF rollout runs there
     model = AutoModelForCausalLM.from_pretrained(assets.model_path, dtype=torch.float32,
-                                                 attn_implementation=attention).eval()
+                                                 attn_implementation=attention).to(device).eval()
     return model, assets.prompt_ids(num_prompts), frozenset({tokenizer.eos_token_id})
 
 

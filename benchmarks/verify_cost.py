@@ -1,69 +1,111 @@
-"""Where speculative verification stops paying on CPU: one forward over 1 vs 1+K new tokens, by batch size.
+"""What a drafting step costs the HF rollout engine here, relative to a plain step, by batch size and draft length:
+the table the adaptive draft-length controller reads (``SpeculationConfig.verify_cost_table``).
 
-    python benchmarks/verify_cost.py [--model DIR] [--context 400] [--draft 16]
+    python benchmarks/verify_cost.py [--profile long] [--drafts 1 2 4 8 16] [--rounds 1] [--device cpu]
 
-With the demo model (default: the embedded default under $VERL_EXT_DATA_DIR or data/) and a KV cache holding
---context tokens per row, it prints the cost ratio r(B) = t(1+K tokens) / t(1 token). Speculation gains at most
-(accepted tokens per forward) / r(B) in wall-clock, so a batch where that is below 1 should not draft: this is
-the table ``SpeculationConfig.verify_cost_table`` feeds the adaptive draft-length controller.
+The engine runs the embedded task's policy and prompts (64 requests a round, as benchmarks/engine_rollout.py),
+ngram_rl drafting from the rounds before. Steps alternate: in one every row drafts k tokens, in the next none
+does, so both kinds run at the same point of the round (batch size, cached tokens) and the machine's drift hits
+both alike. A step's seconds are the engine's whole step: drafting (on the critical path where nothing runs beside
+the forward), the forward over 1 + k tokens, verification, bookkeeping. Prints c(B, k) = median drafting step
+over median plain step for each range of batch sizes (within a factor of two), the line c = 1 + a + b k fitted to
+them (a: what any draft costs, drafting and the verification path; b: each draft token), and that line as rows to
+pass as ``speculation.verify_cost_table`` (the CPU default, CPU_VERIFY_COST_TABLE, is one such table).
 """
 
 import argparse
-import os
 import statistics
 import time
-from pathlib import Path
+from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
 
-from verl_ext.rollout.batch_state import DecodeBatch
-from verl_ext.rollout.gqa_attention import rollout_attention
+from engine_rollout import MAX_NEW_TOKENS, load_task
+from verl_ext.rollout.engine import HFGenerationEngine
+from verl_ext.rollout.requests import GenerationRequest, SamplingSettings
+from verl_ext.speculation import MAX_DRAFT_TOKENS, SpeculationConfig, Speculator
+from verl_ext.speculation.adaptive import AdaptiveDraftLength
+
+MIN_STEPS = 5  # of each kind, for a range of batch sizes to get a row
 
 
-def time_forward(model, batch: int, context: int, new_tokens: int, repeats: int = 5) -> float:
-    """One forward over ``new_tokens`` per row after ``context`` cached ones, as the rollout engine runs it
-    (verl_ext/rollout/engine.py: its slot cache, 4-D attention mask and per-row position ids)."""
-    vocab = model.config.vocab_size
-    prefix = torch.randint(0, vocab, (batch, context))
-    positions = torch.arange(context, context + new_tokens).expand(batch, new_tokens)
-    valid = torch.ones(batch, context, dtype=torch.bool)
-    times = []
-    for _ in range(repeats):
-        with torch.no_grad():
-            prefill = DynamicCache()
-            model(input_ids=prefix, attention_mask=valid.long(), past_key_values=prefill)
-            state = DecodeBatch.from_prefill(prefill, valid, torch.arange(batch))
-            step = torch.randint(0, vocab, (batch, new_tokens))
-            start = time.perf_counter()
-            span = state.prepare_step(new_tokens)
-            mask = state.attention_mask(new_tokens, span)
-            model(input_ids=step, attention_mask=mask, position_ids=positions, past_key_values=state.cache)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+@dataclass
+class AlternatingBudgets(AdaptiveDraftLength):
+    """Every row drafts ``draft_tokens`` on odd steps and nothing on even ones."""
+
+    draft_tokens: int = 0
+    steps: int = 0
+
+    def budgets(self, seq_ids):
+        self.steps += 1
+        return [self.draft_tokens if self.drafting else 0] * len(seq_ids)
+
+    @property
+    def drafting(self) -> bool:
+        return self.steps % 2 == 1
+
+
+def time_steps(engine: HFGenerationEngine, budgets: AlternatingBudgets, requests, seconds: dict) -> None:
+    """Run ``requests`` to completion one step at a time; seconds[(size bucket, drafted)] gets (size, step seconds)."""
+    handles = set(engine.add(requests))
+    while handles:
+        size = engine.batch.size
+        start = time.perf_counter()
+        handles -= set(engine.step())
+        seconds[(size.bit_length(), budgets.drafting)].append((size, time.perf_counter() - start))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path)
-    parser.add_argument("--context", type=int, default=400)
-    parser.add_argument("--draft", type=int, default=16)
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128])
+    parser.add_argument("--profile", choices=sorted(MAX_NEW_TOKENS), default="long")
+    parser.add_argument("--drafts", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--rounds", type=int, default=1, help="rounds per draft length")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
-    model_dir = args.model
-    if model_dir is None:
-        from verl_ext.demo.build import ensure_demo_assets
+    device = torch.device(args.device)
+    model, prompts, stops = load_task(args.profile, args.prompts, device)
+    requests = [GenerationRequest(p, MAX_NEW_TOKENS[args.profile], SamplingSettings(temperature=1.0), stops)
+                for p in prompts for _ in range(args.n)]
+    speculator = Speculator(SpeculationConfig(method="ngram_rl"), device_type=device.type)
+    budgets = speculator.lengths = AlternatingBudgets()
+    engine = HFGenerationEngine(model, pad_token_id=0, seed=0, speculator=speculator)
+    engine.generate(requests)  # a first round: the history the measured rounds draft from
+    print(f"device {device}, threads {torch.get_num_threads()}, {len(requests)} requests a round")
+    seconds: dict[tuple[int, bool], list[tuple[int, float]]] = defaultdict(list)  # one list per draft length
+    by_draft = {}
+    for k in args.drafts:
+        budgets.draft_tokens = k
+        by_draft[k] = seconds = defaultdict(list)
+        for _ in range(args.rounds):
+            time_steps(engine, budgets, requests, seconds)
+    print(table(by_draft))
 
-        model_dir = ensure_demo_assets(Path(os.environ.get("VERL_EXT_DATA_DIR", "data")).resolve()).model_path
-    attention = rollout_attention("sdpa", torch.device("cpu"))  # the attention the HF rollout runs on CPU
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attention).eval()
-    print(f"threads {torch.get_num_threads()}, context {args.context}, draft {args.draft}")
-    print(f"{'batch':>6} {'1 token':>10} {f'{1 + args.draft} tokens':>10} {'ratio':>6}")
-    for batch in args.batches:
-        one = time_forward(model, batch, args.context, 1)
-        many = time_forward(model, batch, args.context, 1 + args.draft)
-        print(f"{batch:>6} {one * 1e3:>8.1f}ms {many * 1e3:>8.1f}ms {many / one:>6.2f}")
 
+def table(by_draft: dict[int, dict[tuple[int, bool], list[tuple[int, float]]]]) -> str:
+    """Per range of batch sizes: the measured ratios, the line c = 1 + a + b k (k >= 1) fitted to them, and that
+    line's ends (k = 1 and MAX_DRAFT_TOKENS) as verify_cost_table rows."""
+    lines, rows = [], []
+    buckets = sorted({bucket for seconds in by_draft.values() for bucket, _ in seconds}, reverse=True)
+    for bucket in buckets:
+        sizes = [size for seconds in by_draft.values() for kind in (True, False) for size, _ in seconds[(bucket, kind)]]
+        ratios = {}
+        for k, seconds in by_draft.items():
+            drafting, plain = seconds[(bucket, True)], seconds[(bucket, False)]
+            if min(len(drafting), len(plain)) >= MIN_STEPS:
+                ratios[k] = statistics.median(t for _, t in drafting) / statistics.median(t for _, t in plain)
+        if len(ratios) < 2:
+            continue
+        slope, intercept = statistics.linear_regression(list(ratios), list(ratios.values()))
+        slope, intercept = max(slope, 0.0), max(intercept, 1.0)
+        size = round(statistics.median(sizes))
+        measured = " ".join(f"k{k}: {r:.2f}" for k, r in ratios.items())
+        lines.append(f"batch {size:>3} ({2 ** (bucket - 1)}-{2 ** bucket - 1}): {measured}  ->  "
+                     f"c = {intercept:.2f} + {slope:.3f} k")
+        rows += [(size, k, round(intercept + slope * k, 2)) for k in (1, MAX_DRAFT_TOKENS)]
+    return "\n".join(lines + [f"verify_cost_table: {tuple(sorted(rows))}"])
 
 if __name__ == "__main__":
     main()

@@ -13,12 +13,25 @@ def test_expected_emitted_is_geometric_sum():
     assert np.allclose(expected_emitted([1.0], 2), [[1, 2, 3]])
 
 
-def test_cost_model_interpolates_table_in_log_batch():
-    cost = VerifyCostModel(((1, 1.9), (8, 2.4), (32, 3.1), (128, 3.6)))
-    assert cost.ratio(1) == pytest.approx(1.9) and cost.ratio(128) == pytest.approx(3.6)
-    assert cost.ratio(4) == pytest.approx(1.9 + (2.4 - 1.9) * np.log(4) / np.log(8))
-    assert cost.ratio(1024) == pytest.approx(3.6)  # held beyond the table
-    assert cost.relative_cost(1, np.array([0, 16]))[1] == pytest.approx(1.9)
+def test_cost_model_interpolates_table_in_log_batch_and_draft_length():
+    cost = VerifyCostModel(((1, 1.9), (8, 2.4), (32, 3.1), (128, 3.6)))  # pairs: c at k = 16, linear from (0, 1)
+    assert cost.relative_cost(1, 16) == pytest.approx(1.9) and cost.relative_cost(128, 16) == pytest.approx(3.6)
+    assert cost.relative_cost(4, 16) == pytest.approx(1.9 + (2.4 - 1.9) * np.log(4) / np.log(8))
+    assert cost.relative_cost(1024, 16) == pytest.approx(3.6)  # held beyond the table
+    assert cost.relative_cost(1, np.array([0, 8])) == pytest.approx([1.0, 1.45])
+    # triples: piecewise linear in k through (0, 1), the last piece's slope beyond the last k
+    measured = VerifyCostModel(((8, 1, 1.5), (8, 4, 1.8), (64, 1, 2.0), (64, 16, 4.0)))
+    assert measured.relative_cost(8, np.arange(7)) == pytest.approx([1.0, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0])
+    assert measured.relative_cost(64, np.array([0, 1, 4, 16])) == pytest.approx([1.0, 2.0, 2.4, 4.0])
+    assert 1.5 < measured.relative_cost(23, 1) < 2.0  # 23: about halfway between 8 and 64 in log(batch size)
+
+
+def test_cpu_table_has_a_jump_at_the_first_draft_token():
+    # a drafting step costs the drafting and the verification path however short its draft (the table's
+    # measurements): a row whose drafts are often rejected is better off plain at a large batch
+    cost = VerifyCostModel()
+    assert cost.relative_cost(64, 1) > 1.5 and cost.relative_cost(1, 1) < cost.relative_cost(64, 1)
+    assert best_draft_length([0.5], 64, cost, 16)[0] == 0 and best_draft_length([0.5], 1, cost, 16)[0] > 0
 
 
 def test_best_length_shrinks_with_acceptance_and_batch():
@@ -39,15 +52,29 @@ def test_batch_cap_falls_with_batch_size_and_flat_cost_means_full_length():
 
 def test_controller_shrinks_switches_off_and_probes():
     control = AdaptiveDraftLength(max_k=16, decay=0.5, prior=0.7, probe_interval=3)
-    assert control.budgets([1])[0] > 0
+    assert control.budgets([1])[0] > 0  # step 1
     for _ in range(8):
         control.update([1], [4], [0])  # every first draft token rejected
     assert control.alpha(1) < 0.05
-    budgets = [control.budgets([1])[0] for _ in range(6)]
-    assert budgets == [0, 0, 1, 0, 0, 1]  # off, with a 1-token probe every third step
+    budgets = [control.budgets([1])[0] for _ in range(12)]  # steps 2..13
+    assert budgets == [0] * 10 + [1, 0]  # off, with a 1-token probe every 3 x 4 steps (nobody else drafts)
     for _ in range(8):
         control.update([1], [4], [4])  # acceptance recovers
     assert control.budgets([1])[0] >= 4
+
+
+def test_switched_off_rows_probe_on_the_same_steps_and_a_weak_batch_drafts_nothing():
+    control = AdaptiveDraftLength(max_k=16, decay=0.0, probe_interval=4)  # decay 0: alpha is the last verification
+    rows = list(range(64))
+    control.update(rows[:32], [4] * 32, [1] * 32)  # alpha = 1/2: at batch 64 no draft length pays
+    control.update(rows[32:], [20] * 32, [19] * 32)  # alpha = 19/20: these draft
+    assert [b[0] == 0 and b[-1] > 0 for b in (control.budgets(rows), control.budgets(rows))] == [True, True]
+    # two steps later, the other half falls to 1/2 as well
+    control.update(rows[32:], [4] * 32, [1] * 32)
+    steps = [control.budgets(rows) for _ in range(32)]  # steps 3..34
+    assert sorted({sum(b) for b in steps}) == [0, 64]  # one token each, all rows on the same steps, or nobody
+    assert [i + 3 for i, b in enumerate(steps) if sum(b)] == [16, 32]  # every 4 x 4 steps: nobody else drafts
+    assert control.budgets(rows[:1]) != [0]  # alone, the same row drafts: a plain step costs more per row
 
 
 def test_controller_ignores_rows_without_draft_and_releases_state():
@@ -64,6 +91,13 @@ def test_disabled_controller_uses_full_budget():
     control = AdaptiveDraftLength.from_config(SpeculationConfig(adaptive=False, num_draft_tokens=7))
     assert control.budgets([1, 2, 3]) == [7, 7, 7]
     assert AdaptiveDraftLength.from_config(SpeculationConfig()).cost.table == CPU_VERIFY_COST_TABLE
+
+
+def test_rows_switched_off_in_a_drafting_batch_probe_at_the_probe_interval():
+    control = AdaptiveDraftLength(max_k=16, decay=0.0, probe_interval=4)
+    control.update([0], [4], [0])  # alpha 0: off
+    control.update([1], [20], [19])  # alpha 19/20: drafts, so the batch pays for drafting steps anyway
+    assert [control.budgets([0, 1])[0] for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 1]
 
 
 def test_controller_applies_batch_cap():

@@ -1,10 +1,12 @@
-"""Draft length per sequence and per batch, from acceptance estimates and the cost of a longer verification.
+"""Draft length per sequence and per batch, from acceptance estimates and what a drafting step costs.
 
 With per-token acceptance alpha, a draft of k tokens emits E(alpha, k) = 1 + alpha + ... + alpha^k tokens
-per target forward (Leviathan et al. 2023, eq. 1), and that forward costs c(B, k) times a plain decode
-step. The gain over plain decoding is E / c, so each sequence drafts the k that maximises it (0 when no k
-beats plain decoding: speculation switches off for that sequence), and since a padded batched forward
-costs what its longest row costs, the batch cap is the k that maximises the batch's total E / c.
+per target forward (Leviathan et al. 2023, eq. 1), and a step whose rows draft up to k tokens costs c(B, k)
+times a plain decode step: drafting, the forward over 1 + k tokens, verification (benchmarks/verify_cost.py
+measures it in the engine). The gain over plain decoding is E / c, so each sequence drafts the k that
+maximises it (0 when no k beats plain decoding: speculation switches off for that sequence), and since a
+padded batched step costs what its longest row costs, the batch cap is the k that maximises the batch's total
+E / c (0: plain decoding beats every draft length, and the step drafts nothing).
 """
 
 from __future__ import annotations
@@ -20,22 +22,39 @@ from verl_ext.speculation.config import CPU_VERIFY_COST_TABLE, MAX_DRAFT_TOKENS,
 
 @dataclass(frozen=True)
 class VerifyCostModel:
-    """c(B, k): cost of a forward over 1 + k tokens relative to 1 token, for batch size B.
+    """c(B, k): what an engine step whose rows draft up to k tokens costs, relative to a plain step, at batch size B.
 
-    `table` holds measured (batch size, c(B, table_draft_tokens)); between rows it interpolates linearly in
-    log(batch size), beyond the ends it holds the end value, and c grows linearly in k from c(B, 0) = 1.
+    `table` rows are measured (batch size, k, c) triples, or (batch size, c at k = MAX_DRAFT_TOKENS) pairs. For
+    each batch size, c is piecewise linear in k through (0, 1) and its rows (past the last one, the last piece's
+    slope goes on); between batch sizes it interpolates linearly in log(batch size), beyond the ends it holds
+    the end ones.
     """
 
-    table: tuple[tuple[int, float], ...] = CPU_VERIFY_COST_TABLE
-    table_draft_tokens: int = MAX_DRAFT_TOKENS
+    table: CostTable = CPU_VERIFY_COST_TABLE
+    _curves: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    def ratio(self, batch_size: int) -> float:
-        sizes = [math.log(b) for b, _ in self.table]
-        ratios = [r for _, r in self.table]
-        return float(np.interp(math.log(max(batch_size, 1)), sizes, ratios))
+    def curve(self, batch_size: int) -> np.ndarray:
+        """[MAX_DRAFT_TOKENS + 1] c(batch_size, k) for k = 0..MAX_DRAFT_TOKENS."""
+        if batch_size not in self._curves:
+            sizes = sorted({row[0] for row in self.table})
+            by_size = np.stack([_curve_in_k([row[1:] for row in self.table if row[0] == b]) for b in sizes])
+            at = math.log(max(batch_size, 1))
+            logs = [math.log(b) for b in sizes]
+            self._curves[batch_size] = np.array([np.interp(at, logs, by_size[:, k]) for k in range(by_size.shape[1])])
+        return self._curves[batch_size]
 
     def relative_cost(self, batch_size: int, k: np.ndarray) -> np.ndarray:
-        return 1.0 + (self.ratio(batch_size) - 1.0) * np.asarray(k) / self.table_draft_tokens
+        return self.curve(batch_size)[np.asarray(k)]
+
+
+def _curve_in_k(rows: list[tuple]) -> np.ndarray:
+    """One batch size's (k, c) or (c,) rows -> [MAX_DRAFT_TOKENS + 1] c for k = 0..MAX_DRAFT_TOKENS."""
+    points = sorted((MAX_DRAFT_TOKENS, row[0]) if len(row) == 1 else (int(row[0]), row[1]) for row in rows)
+    ks, costs = [0] + [k for k, _ in points], [1.0] + [c for _, c in points]
+    k = np.arange(MAX_DRAFT_TOKENS + 1)
+    curve = np.interp(k, ks, costs)
+    slope = (costs[-1] - costs[-2]) / (ks[-1] - ks[-2])  # past the last measured k
+    return np.where(k > ks[-1], costs[-1] + slope * (k - ks[-1]), curve)
 
 
 def expected_emitted(alpha: np.ndarray, max_k: int) -> np.ndarray:
@@ -59,16 +78,24 @@ def batch_cap(alpha: Sequence[float], lengths: Sequence[int], cost: VerifyCostMo
     return int((total / cost.relative_cost(len(alpha), np.arange(max_k + 1))).argmax())
 
 
+# While no row drafts, a probe step costs the whole batch the jump from a plain step to a drafting one (about 0.8
+# of a plain step at batch 64 on CPU): probes come this many times less often then.
+_IDLE_BATCH_PROBE_FACTOR = 4
+
+
 @dataclass
 class _SeqState:
     accepted: float  # EMA of accepted tokens per verification
     trials: float  # EMA of accepted + rejected tokens: alpha = accepted / trials (geometric MLE)
-    idle_steps: int = 0  # steps since the sequence was switched off
 
 
 @dataclass
 class AdaptiveDraftLength:
     """Per-sequence EMA of acceptance -> draft budget; switched-off sequences probe with 1 token now and then.
+
+    Probes come every probe_interval-th step, for all switched-off sequences at once, and 4x less often while no
+    sequence drafts: any draft in a step makes the whole batch pay the drafting step's fixed part (the jump of c
+    from k = 0 to k = 1).
 
     Without a cost model (`cost` None: no table measured for the device) every sequence drafts max_k.
     """
@@ -80,6 +107,7 @@ class AdaptiveDraftLength:
     cost: Optional[VerifyCostModel] = field(default_factory=VerifyCostModel)
     enabled: bool = True
     _seqs: dict[int, _SeqState] = field(default_factory=dict, init=False, repr=False)
+    _steps: int = field(default=0, init=False, repr=False)
 
     @classmethod
     def from_config(cls, config: SpeculationConfig, device_type: str = "cpu") -> "AdaptiveDraftLength":
@@ -99,15 +127,11 @@ class AdaptiveDraftLength:
         alpha = [self.alpha(s) for s in seq_ids]
         lengths = best_draft_length(alpha, len(seq_ids), self.cost, self.max_k)
         cap = batch_cap(alpha, lengths, self.cost, self.max_k)
-        return [self._probe_or_off(s) if k == 0 else min(int(k), cap) for s, k in zip(seq_ids, lengths)]
-
-    def _probe_or_off(self, seq_id: int) -> int:
-        state = self._seqs.setdefault(seq_id, _SeqState(self.prior, 1.0))
-        state.idle_steps += 1
-        if state.idle_steps < self.probe_interval:
-            return 0
-        state.idle_steps = 0
-        return 1
+        self._steps += 1
+        # a probe step: switched-off rows draft 1 token; rarer while nobody drafts (the whole batch pays for it)
+        interval = self.probe_interval if cap > 0 else self.probe_interval * _IDLE_BATCH_PROBE_FACTOR
+        off = 1 if self._steps % interval == 0 else 0
+        return [min(int(k), cap) or off for k in lengths]
 
     def update(self, seq_ids: Sequence[int], num_drafted: Sequence[int], num_accepted: Sequence[int]) -> None:
         """Fold one verification per sequence into its EMA; rows without a draft carry no evidence."""

@@ -8,19 +8,38 @@ from typing import Any, Literal, Optional, get_args
 
 SpeculationMethod = Literal["ngram_rl", "prompt_lookup", "suffix", "none"]
 PrefetchWorker = Literal["overlap", "thread"]
-CostTable = tuple[tuple[int, float], ...]  # (batch size, cost ratio) rows
+# (batch size, draft tokens, cost ratio) rows; (batch size, cost ratio at MAX_DRAFT_TOKENS) pairs also do
+CostTable = tuple[tuple[int, int, float] | tuple[int, float], ...]
 
 # Longest draft the engine verifies in one forward (the forward runs over 1 + K tokens per row).
 MAX_DRAFT_TOKENS = 16
 
-# (batch size, cost of a forward over 1 + 16 tokens / cost of a forward over 1 token), measured on CPU (setup:
-# docs/speculation-tuning.md). Accelerators get no default: there the ratio is close to 1 at small batch and grows
-# with batch size differently for each device and model, so each measures its own (benchmarks/verify_cost.py).
-CPU_VERIFY_COST_TABLE: CostTable = ((1, 1.25), (8, 2.0), (32, 3.1), (128, 4.5))
+# (batch size, draft tokens, cost of an engine step whose rows draft that many / cost of a plain step), measured
+# in the HF engine on CPU with ngram_rl, drafting included (benchmarks/verify_cost.py; setup and figures:
+# docs/speculation-tuning.md). Accelerators get no default: there verification is close to free at small batch,
+# drafting runs beside the forward (prefetch), and the ratio grows with batch size differently for each device
+# and model, so each measures its own.
+CPU_VERIFY_COST_TABLE: CostTable = (
+    (1, 1, 1.27), (1, 16, 1.51), (2, 1, 1.33), (2, 16, 1.87), (5, 1, 1.48), (5, 16, 2.15), (11, 1, 1.7),
+    (11, 16, 2.8), (24, 1, 1.82), (24, 16, 3.01), (52, 1, 1.82), (52, 16, 3.82), (64, 1, 1.88), (64, 16, 3.87))
 
 
 def _fail(field: str, value: Any, fix: str) -> None:
     raise ValueError(f"speculation.{field}={value!r} is invalid: {fix}")
+
+
+def _cost_row(row) -> tuple:
+    """One verify_cost_table row as a tuple (YAML gives lists); ValueError unless it is a valid one."""
+    if len(row) == 2:
+        checked = batch, ratio = int(row[0]), float(row[1])
+        draft_tokens = MAX_DRAFT_TOKENS
+    elif len(row) == 3:
+        checked = batch, draft_tokens, ratio = int(row[0]), int(row[1]), float(row[2])
+    else:
+        raise ValueError(row)
+    if batch < 1 or not 1 <= draft_tokens <= MAX_DRAFT_TOKENS or ratio < 1.0:
+        raise ValueError(row)
+    return checked
 
 
 @dataclass(frozen=True)
@@ -96,12 +115,14 @@ class SpeculationConfig:
             self._check_cost_table()
 
     def _check_cost_table(self) -> None:
-        fix = "give (batch_size >= 1, cost ratio >= 1.0) pairs, e.g. ((1, 1.9), (128, 3.6))."
+        fix = (f"give (batch_size >= 1, draft_tokens in 1..{MAX_DRAFT_TOKENS}, cost ratio >= 1.0) rows as "
+               "benchmarks/verify_cost.py prints them, e.g. ((8, 4, 1.5), (64, 4, 2.0)), or (batch_size, cost "
+               f"ratio >= 1.0 at {MAX_DRAFT_TOKENS} draft tokens) pairs.")
         try:
-            table = tuple((int(b), float(r)) for b, r in self.verify_cost_table)  # YAML gives lists
+            table = tuple(_cost_row(row) for row in self.verify_cost_table)
         except (TypeError, ValueError):
             _fail("verify_cost_table", self.verify_cost_table, fix)
-        if not table or any(b < 1 or r < 1.0 for b, r in table):
+        if not table:
             _fail("verify_cost_table", table, fix)
         object.__setattr__(self, "verify_cost_table", table)
 
