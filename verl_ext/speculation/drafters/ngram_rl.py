@@ -94,13 +94,15 @@ class NgramRLDrafter(Drafter):
         return self.live is not None or self.draft_from_self or self.global_history is not None
 
     def propose(self, requests: Sequence[DraftRequest], budgets: Sequence[int]) -> list[list[int]]:
-        return [self._draft(request, budget) for request, budget in zip(requests, budgets)]
+        indexes: dict[int, _IndexedPrompt | None] = {}  # a GRPO group's rows share their prompt's index
+        return [self._draft(request, budget, indexes) for request, budget in zip(requests, budgets)]
 
-    def _draft(self, request: DraftRequest, budget: int) -> Draft:
+    def _draft(self, request: DraftRequest, budget: int, indexes: dict[int, _IndexedPrompt | None]) -> Draft:
         if budget <= 0:
             return Draft()
         context = request.context_tail(self.max_n)
-        indexed = self._index(request.prompt_key)
+        key = request.prompt_key
+        indexed = indexes[key] if key in indexes else indexes.setdefault(key, self._index(key))
         draft = [] if indexed is None else indexed.index.draft(context)
         if draft:
             return Draft(draft[:budget], "prompt")
