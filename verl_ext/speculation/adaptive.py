@@ -108,6 +108,10 @@ class AdaptiveDraftLength:
     enabled: bool = True
     _seqs: dict[int, _SeqState] = field(default_factory=dict, init=False, repr=False)
     _steps: int = field(default=0, init=False, repr=False)
+    # the last plan: (acceptance version, sequences) -> per-sequence lengths and batch cap; a plain step changes
+    # no estimate, so while a batch decodes without drafting the plan is reused, not recomputed
+    _version: int = field(default=0, init=False, repr=False)
+    _plan: Optional[tuple[tuple, list[int], int]] = field(default=None, init=False, repr=False)
 
     @classmethod
     def from_config(cls, config: SpeculationConfig, device_type: str = "cpu") -> "AdaptiveDraftLength":
@@ -124,20 +128,27 @@ class AdaptiveDraftLength:
         """Draft budget per sequence for one step of a batch of these sequences."""
         if not self.enabled or self.cost is None:
             return [self.max_k] * len(seq_ids)
-        alpha = [self.alpha(s) for s in seq_ids]
-        lengths = best_draft_length(alpha, len(seq_ids), self.cost, self.max_k)
-        cap = batch_cap(alpha, lengths, self.cost, self.max_k)
+        lengths, cap = self._lengths_and_cap(seq_ids)
         self._steps += 1
         # a probe step: switched-off rows draft 1 token; rarer while nobody drafts (the whole batch pays for it)
         interval = self.probe_interval if cap > 0 else self.probe_interval * _IDLE_BATCH_PROBE_FACTOR
         off = 1 if self._steps % interval == 0 else 0
-        return [min(int(k), cap) or off for k in lengths]
+        return [min(k, cap) or off for k in lengths]
+
+    def _lengths_and_cap(self, seq_ids: Sequence[int]) -> tuple[list[int], int]:
+        key = (self._version, tuple(seq_ids))
+        if self._plan is None or self._plan[0] != key:
+            alpha = [self.alpha(s) for s in seq_ids]
+            lengths = best_draft_length(alpha, len(seq_ids), self.cost, self.max_k)
+            self._plan = (key, lengths.tolist(), batch_cap(alpha, lengths, self.cost, self.max_k))
+        return self._plan[1], self._plan[2]
 
     def update(self, seq_ids: Sequence[int], num_drafted: Sequence[int], num_accepted: Sequence[int]) -> None:
         """Fold one verification per sequence into its EMA; rows without a draft carry no evidence."""
         for seq_id, drafted, accepted in zip(seq_ids, num_drafted, num_accepted):
             if drafted <= 0:
                 continue
+            self._version += 1
             state = self._seqs.setdefault(seq_id, _SeqState(self.prior, 1.0))
             trials = accepted + (1 if accepted < drafted else 0)
             state.accepted = self.decay * state.accepted + (1 - self.decay) * accepted
@@ -146,3 +157,4 @@ class AdaptiveDraftLength:
     def release(self, seq_ids: Sequence[int]) -> None:
         for seq_id in seq_ids:
             self._seqs.pop(seq_id, None)
+        self._version += 1  # a released seq_id may come back as a new sequence
