@@ -12,6 +12,8 @@ from verl_ext.speculation.factory import DRAFTERS, build_drafter
     ({"cache_max_tokens": 0}, ["cache_max_tokens=0", ">= 1"]),
     ({"adaptive_ema_decay": 1.0}, ["adaptive_ema_decay=1.0", "[0, 1)"]),
     ({"verify_cost_table": ((8, 0.5),)}, ["verify_cost_table", "ratio >= 1.0"]),
+    ({"verify_cost_table": ((8, 17, 1.5),)}, ["verify_cost_table", f"draft_tokens in 1..{MAX_DRAFT_TOKENS}"]),
+    ({"verify_cost_table": ((8, 4, 1.5, 2.0),)}, ["verify_cost_table", "benchmarks/verify_cost.py"]),
     ({"prefetch": "yes"}, ["prefetch='yes'", "true, false or auto"]),
 ])
 def test_config_errors_name_field_value_and_fix(kwargs, words):
@@ -19,6 +21,11 @@ def test_config_errors_name_field_value_and_fix(kwargs, words):
         SpeculationConfig(**kwargs)
     for word in words:
         assert word in str(err.value)
+
+
+def test_cost_table_takes_measured_rows_and_pairs_from_yaml_lists():
+    config = SpeculationConfig(verify_cost_table=[[8, 4, 1.5], [64, 16, 3.0], [128, 4.5]])
+    assert config.verify_cost_table == ((8, 4, 1.5), (64, 16, 3.0), (128, 4.5))
 
 
 def test_config_defaults_are_valid_and_every_method_builds():
