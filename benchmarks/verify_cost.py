@@ -74,13 +74,12 @@ def main() -> None:
     engine = HFGenerationEngine(model, pad_token_id=0, seed=0, speculator=speculator)
     engine.generate(requests)  # a first round: the history the measured rounds draft from
     print(f"device {device}, threads {torch.get_num_threads()}, {len(requests)} requests a round")
-    seconds: dict[tuple[int, bool], list[tuple[int, float]]] = defaultdict(list)  # one list per draft length
-    by_draft = {}
+    by_draft: dict[int, dict[tuple[int, bool], list[tuple[int, float]]]] = {}
     for k in args.drafts:
         budgets.draft_tokens = k
-        by_draft[k] = seconds = defaultdict(list)
+        by_draft[k] = defaultdict(list)
         for _ in range(args.rounds):
-            time_steps(engine, budgets, requests, seconds)
+            time_steps(engine, budgets, requests, by_draft[k])
     print(table(by_draft))
 
 
@@ -106,6 +105,7 @@ def table(by_draft: dict[int, dict[tuple[int, bool], list[tuple[int, float]]]]) 
                      f"c = {intercept:.2f} + {slope:.3f} k")
         rows += [(size, k, round(intercept + slope * k, 2)) for k in (1, MAX_DRAFT_TOKENS)]
     return "\n".join(lines + [f"verify_cost_table: {tuple(sorted(rows))}"])
+
 
 if __name__ == "__main__":
     main()

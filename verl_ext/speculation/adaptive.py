@@ -11,6 +11,7 @@ E / c (0: plain decoding beats every draft length, and the step drafts nothing).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -33,13 +34,18 @@ class VerifyCostModel:
     table: CostTable = CPU_VERIFY_COST_TABLE
     _curves: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
 
+    @functools.cached_property
+    def _grid(self) -> tuple[list[float], np.ndarray]:
+        """(log of each batch size in the table, [sizes, MAX_DRAFT_TOKENS + 1] its curve in k)."""
+        sizes = sorted({row[0] for row in self.table})
+        by_size = np.stack([_curve_in_k([row[1:] for row in self.table if row[0] == b]) for b in sizes])
+        return [math.log(b) for b in sizes], by_size
+
     def curve(self, batch_size: int) -> np.ndarray:
         """[MAX_DRAFT_TOKENS + 1] c(batch_size, k) for k = 0..MAX_DRAFT_TOKENS."""
         if batch_size not in self._curves:
-            sizes = sorted({row[0] for row in self.table})
-            by_size = np.stack([_curve_in_k([row[1:] for row in self.table if row[0] == b]) for b in sizes])
+            logs, by_size = self._grid
             at = math.log(max(batch_size, 1))
-            logs = [math.log(b) for b in sizes]
             self._curves[batch_size] = np.array([np.interp(at, logs, by_size[:, k]) for k in range(by_size.shape[1])])
         return self._curves[batch_size]
 

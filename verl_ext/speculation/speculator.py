@@ -57,10 +57,10 @@ class Speculator:
         budgets = self.lengths.budgets(seq_ids)
         if limits is not None:
             budgets = [max(0, min(b, lim)) for b, lim in zip(budgets, limits)]
-        if self.prefetcher is None and not any(budgets):  # a plain step: no drafts, nor their bookkeeping
-            self._apply_observed()  # finished responses, cheap; the in-flight outputs wait for a drafting step
-            return [[] for _ in requests]
         if self.prefetcher is None:
+            if not any(budgets):  # a plain step: no drafts, nor their bookkeeping
+                self._apply_observed()  # finished responses, cheap; the in-flight outputs wait for a drafting step
+                return [[] for _ in requests]
             drafts = self.drafter.propose(requests, budgets)
             self._apply_observed(requests)
             return drafts

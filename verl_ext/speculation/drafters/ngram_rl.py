@@ -101,8 +101,9 @@ class NgramRLDrafter(Drafter):
         if budget <= 0:
             return Draft()
         context = request.context_tail(self.max_n)
-        key = request.prompt_key
-        indexed = indexes[key] if key in indexes else indexes.setdefault(key, self._index(key))
+        if request.prompt_key not in indexes:
+            indexes[request.prompt_key] = self._index(request.prompt_key)
+        indexed = indexes[request.prompt_key]
         draft = [] if indexed is None else indexed.index.draft(context)
         if draft:
             return Draft(draft[:budget], "prompt")
