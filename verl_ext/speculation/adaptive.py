@@ -104,6 +104,8 @@ class AdaptiveDraftLength:
     from k = 0 to k = 1).
 
     Without a cost model (`cost` None: no table measured for the device) every sequence drafts max_k.
+
+    No lock: the engine's decode thread owns it (Speculator.propose and record); the prefetch worker never reads it.
     """
 
     max_k: int = MAX_DRAFT_TOKENS
