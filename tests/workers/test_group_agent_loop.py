@@ -6,8 +6,9 @@ this one writes none).
 Both workers run in this process on the same three prompts of the embedded task (verl's dataset, 4 samples
 each; the first two on verl's single-turn agent loop, which the group worker shares across a group, the third on
 a failing one, which it builds per sample) against one real HF rollout server and a real reward-loop worker (the
-embedded reward), with TransferQueue on a local Ray cluster. The samples are greedy (verl's per-sample ``__do_sample__``) and speculation is off, so the two
-runs' samples are the same tokens and log-probs whichever order the server takes them in.
+embedded reward), with TransferQueue on a local Ray cluster. The samples are greedy (verl's per-sample
+``__do_sample__``) and speculation is off, so the two runs' samples are the same tokens and log-probs whichever
+order the server takes them in. A group's samples are then alike, so a second test scores distinct answers.
 """
 
 import asyncio
@@ -169,3 +170,56 @@ def test_group_worker_writes_what_verls_worker_writes(config, cluster):
     assert any(sum(record["rm_scores"]) > 0 for record in group_fields.values())
     assert group_fields["0_0_0"]["responses"] != group_fields["1_0_0"]["responses"]
     assert len(group_fields["0_0_0"]) > 15, sorted(group_fields["0_0_0"])
+
+
+def test_group_scores_are_each_samples_own(config, cluster):
+    """A group scored in one reward-loop call gets, sample for sample, what verl's per-sample call gives it: four
+    answers of different lengths and different scores (a canonical one, a wrong field, a fragment, none), so a
+    padding mistake or a row given another's score changes a score."""
+    import pickle
+
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+    from verl.trainer.ppo.utils import create_rl_dataset
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from verl_ext.workers.agent_loop import GroupAgentLoopWorker
+    from verl_ext.workers.group_scoring import _reward_inputs, batchable, score_trajectories
+
+    tokenizer = omega_conf_to_dataclass(config.actor_rollout_ref.model).tokenizer
+    row = create_rl_dataset(config.data.train_files, config.data, tokenizer, None, is_train=True)[0]
+    truth = row["reward_model"]["ground_truth"]
+    answers = [truth, truth.replace(": ", ": [", 1).replace(",", "],", 1), truth[1:20], "no idea"]
+    prompt = {key: row[key] for key in ("data_source", "reward_model", "extra_info", "raw_prompt", "index")}
+    sessions = [{**prompt, "uid": "u", "session_id": i, "global_steps": 1} for i in range(len(answers))]
+    prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(row["raw_prompt"], add_generation_prompt=True,
+                                                             tokenize=False))
+
+    def trajectories():
+        return [[AgentLoopOutput(prompt_ids=list(prompt_ids), response_ids=ids, response_mask=[1] * len(ids),
+                                 num_turns=2, metrics=AgentLoopMetrics())]
+                for ids in (tokenizer.encode(answer) for answer in answers)]
+
+    worker = GroupAgentLoopWorker(config, None, None, [ray.remote(RewardLoopWorker).remote(config)])
+    alone, together = trajectories(), trajectories()
+    assert batchable(worker, together)
+
+    async def score():
+        for outputs, session in zip(alone, sessions):
+            await worker.compute_score(outputs, kwargs=session)
+        await score_trajectories(worker, together, sessions)
+
+    asyncio.run(score())
+    expected = [outputs[0].reward_score for outputs in alone]
+    assert len(set(expected)) == len(answers), expected  # the comparison has teeth
+    assert [outputs[0].reward_score for outputs in together] == expected
+    assert [outputs[0].extra_fields["reward_extra_info"] for outputs in together] == \
+        [outputs[0].extra_fields["reward_extra_info"] for outputs in alone]
+    # after a Ray message, rows do not share a mutable value: the reward manager writes into a row's extra_info
+    received = pickle.loads(pickle.dumps(_reward_inputs([outputs[0] for outputs in together], sessions)))
+    assert received.non_tensor_batch["extra_info"][0] is not received.non_tensor_batch["extra_info"][1]
+    # what is not batched: a trajectory already scored, or prompts of different lengths
+    assert not batchable(worker, alone)
+    uneven = trajectories()
+    uneven[0][0].prompt_ids.append(0)
+    assert not batchable(worker, uneven)

@@ -8,6 +8,8 @@ from verl_ext.compat import require_version
 
 require_version("verl")  # before the imports below: a mismatch is one line naming the fix, not an ImportError
 
+import asyncio  # noqa: E402
+import copy  # noqa: E402
 from contextlib import nullcontext  # noqa: E402
 
 import torch  # noqa: E402
@@ -24,6 +26,7 @@ from verl.workers.engine.fsdp.transformer_impl import (  # noqa: E402
 )
 from verl.workers.engine.utils import postprocess_batch_func  # noqa: E402
 from verl.workers.rollout.base import _ROLLOUT_REGISTRY  # noqa: E402
+from verl.workers.rollout.llm_server import LLMServerClient  # noqa: E402
 from verl.workers.rollout.replica import RolloutReplicaRegistry  # noqa: E402
 
 # ---- registries -------------------------------------------------------------------------------------------------
@@ -248,6 +251,69 @@ class AgentLoopWorkerHooks:
                "min_global_steps": field["extra_fields"].get("min_global_steps"),
                "max_global_steps": field["extra_fields"].get("max_global_steps")}
         return field, tag
+
+
+# ---- one server for a group's requests (workers/rollout/llm_server.py) ---------------------------------------------
+
+
+def group_server_client(client):
+    """A copy of verl's ``LLMServerClient`` that sends one GRPO group's requests to one rollout server.
+
+    verl's client takes a server from the global load balancer actor and hands it back around every request
+    (``_acquire_server``, ``_release_server``): two Ray calls per sample. This copy holds one server while any of
+    the group's requests is in flight, so a group costs two, and its prompt is prefilled on one replica. The
+    balancer then counts a group as one in-flight request, which balances groups of equal size alike.
+
+    For single-turn groups (the balancer's stickiness keys on request ids, which a held server bypasses between
+    turns). Any other client class (the fully async one retries while the pool is empty, and resumes partial
+    rollouts), or ``full_determinism`` (which routes each request by its id), keeps verl's per-request routing.
+    """
+    if type(client) is not LLMServerClient or getattr(client.config.actor_rollout_ref.rollout,
+                                                       "full_determinism", False):
+        return client
+    lease = _ServerLease(client)
+    grouped = copy.copy(client)  # shares the config and the balancer's handle
+    grouped._acquire_server, grouped._release_server = lease.acquire, lease.release
+    return grouped
+
+
+class _ServerLease:
+    """One server taken from the balancer while any of its users' requests runs: the first request acquires it
+    through the client, the last one to finish releases it. Touched on the worker's event loop only."""
+
+    def __init__(self, client):
+        self._client = client
+        self._server: asyncio.Future | None = None  # -> (server id, handle)
+        self._request_id: str | None = None  # the one it was acquired for: the balancer may look it up at release
+        self._users = 0
+
+    async def acquire(self, request_id: str, **fields):
+        if self._server is None:
+            self._server = asyncio.ensure_future(self._client._acquire_server(request_id, **fields))
+            self._request_id = request_id
+        server = self._server
+        self._users += 1
+        try:
+            # shielded: one user's cancellation must not cancel the acquisition the others wait on
+            return await asyncio.shield(server)
+        except BaseException:
+            self._leave(server)  # verl's generate releases only what it acquired
+            raise
+
+    def release(self, server_id: str, request_id: str | None = None) -> None:
+        self._leave(self._server)
+
+    def _leave(self, server: asyncio.Future) -> None:
+        self._users -= 1
+        if self._users == 0:
+            self._server = None
+            request_id = self._request_id
+            # at once if acquired; else when the balancer answers
+            server.add_done_callback(lambda acquired: self._release_acquired(acquired, request_id))
+
+    def _release_acquired(self, server: asyncio.Future, request_id: str) -> None:
+        if not server.cancelled() and server.exception() is None:
+            self._client._release_server(server.result()[0], request_id=request_id)
 
 
 # ---- verl's sync trainer under another registry name ---------------------------------------------------------------

@@ -10,12 +10,15 @@ This worker runs a group as one unit:
 
 - a single-turn group shares one agent loop, which renders and tokenizes the prompt once (any other agent loop,
   or a single-turn one registered with settings of its own, gets one per sample as in verl: it may hold a
-  conversation's state);
+  conversation's state), and one rollout server, taken from verl's load balancer once for the group instead of
+  once per sample (``compat.verl.group_server_client``);
+- a group's rewards are computed in one call to a reward-loop worker instead of one per sample
+  (``group_scoring.py``);
 - the group's samples go to TransferQueue in one put once all n are done: verl's trainer takes a prompt's
   samples only when the group's status says "finished", which verl writes after the last of them too.
 
-Everything else is verl's: dispatch (``generate_sequences``), the status protocol, scoring, teacher log-probs,
-and what each sample holds in TransferQueue, field for field (tests/workers/test_group_agent_loop.py).
+Everything else is verl's: dispatch (``generate_sequences``), the status protocol, the reward managers, teacher
+log-probs, and what each sample holds in TransferQueue, field for field (tests/workers/test_group_agent_loop.py).
 """
 
 import asyncio
@@ -30,9 +33,15 @@ from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, apply_greedy_s
 from verl.utils.rollout_trace import rollout_trace_attr
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-from verl_ext.compat.verl import AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ, registered_agent_loop
+from verl_ext.compat.verl import (
+    AgentLoopWorkerHooks,
+    VerlAgentLoopWorkerTQ,
+    group_server_client,
+    registered_agent_loop,
+)
 from verl_ext.settings import read_rollout_settings
 from verl_ext.trainer.sample_keys import format_key
+from verl_ext.workers.group_scoring import batchable, score_trajectories
 
 __all__ = ["GroupAgentLoopManager", "GroupAgentLoopWorker"]
 
@@ -83,8 +92,10 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
             if not validate and not do_sample:
                 apply_greedy_sampling_params(run_sampling_params)
             agent_name = prompt.pop("agent_name")
-            shared = self._new_agent_loop(agent_name, GroupSingleTurnAgentLoop) if (
-                registered_agent_loop(agent_name) == _SINGLE_TURN) else None
+            shared = None
+            if registered_agent_loop(agent_name) == _SINGLE_TURN:
+                shared = self._new_agent_loop(agent_name, GroupSingleTurnAgentLoop,
+                                              group_server_client(self.llm_client))
             sessions = [{**prompt, "session_id": i} for i in range(n)]
             results = await asyncio.gather(
                 *(self._run_session(shared or self._new_agent_loop(agent_name), run_sampling_params, trajectory,
@@ -92,7 +103,8 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
                 return_exceptions=True)
             errors = [result for result in results if isinstance(result, BaseException)]
             if not errors:
-                await self._put_group(results, partition_id)
+                records = await self._finish_group(results, sessions, validate=validate)
+                await self._put_group(records, partition_id)
         except Exception as error:  # noqa: BLE001 - as verl: the group's status says failure, the trainer refills
             errors.append(error)
         for error in errors:
@@ -100,22 +112,23 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
         status = "failure" if errors else "finished"
         await tq.async_kv_put(key=uid, partition_id=partition_id, tag={"status": status})
 
-    def _new_agent_loop(self, agent_name: str, cls: type | None = None):
-        """An agent loop as verl's ``_run_agent_loop`` builds one; ``cls`` in place of the registered class."""
+    def _new_agent_loop(self, agent_name: str, cls: type | None = None, server_manager=None):
+        """An agent loop as verl's ``_run_agent_loop`` builds one; ``cls`` in place of the registered class, and
+        ``server_manager`` in place of the worker's client."""
         config = registered_agent_loop(agent_name)
         if config is None:
             raise ValueError(f"Agent loop {agent_name} is not registered (rollout.agent.default_agent_loop, or "
                              "the agent_name column): register it with verl's @register or agent_loop_config_path")
-        kwargs = dict(trainer_config=DictConfigWrap(config=self.config), server_manager=self.llm_client,
+        kwargs = dict(trainer_config=DictConfigWrap(config=self.config),
+                      server_manager=server_manager or self.llm_client,
                       tokenizer=self.tokenizer, processor=self.processor, hf_model_type=self.hf_model_type,
                       dataset_cls=self.dataset_cls, data_config=DictConfigWrap(self.config.data),
                       tools=ToolListWrap(self.tools))
         return cls(**kwargs) if cls is not None else hydra.utils.instantiate(config=config, **kwargs)
 
     async def _run_session(self, agent_loop, sampling_params: dict, trajectory: dict, trace: bool,
-                           session: dict) -> list[tuple[str, dict, dict]]:
-        """One sample: verl's ``_run_agent_loop`` and its TransferQueue postprocess up to the put: (key, fields,
-        tag) of each output, built as the sample finishes so the group's end only puts."""
+                           session: dict) -> list:
+        """One sample's agent loop, as verl's ``_run_agent_loop`` runs it: its outputs (a trajectory)."""
         with rollout_trace_attr(step=trajectory["step"], sample_index=trajectory["sample_index"],
                                 rollout_n=trajectory["rollout_n"], validate=trajectory["validate"],
                                 name="agent_loop", trace=trace):
@@ -123,18 +136,31 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
         outputs = output if isinstance(output, list) else [output]
         if not outputs:  # verl warns and writes no sample, leaving the group one short: here the group fails
             raise ValueError(f"empty output for prompt {session['uid']}_{session['session_id']}")
-        await self.compute_score(outputs, kwargs=session)
-        final = outputs[-1]
-        await self.compute_teacher_logprobs(final, validate=trajectory["validate"], sample_kwargs=session)
-        if final.reward_score is not None:
-            for output in outputs[:-1]:
-                output.reward_score = final.reward_score
-                output.extra_fields["reward_extra_info"] = final.extra_fields["reward_extra_info"]
-        return [(format_key(session["uid"], session["session_id"], i), *self.transfer_queue_record(output, session))
-                for i, output in enumerate(outputs)]
+        return outputs
 
-    async def _put_group(self, results: list[list[tuple[str, dict, dict]]], partition_id: str) -> None:
-        records = [record for session_records in results for record in session_records]
+    async def _finish_group(self, trajectories: list[list], sessions: list[dict],
+                            validate: bool) -> list[tuple[str, dict, dict]]:
+        """verl's TransferQueue postprocess of each trajectory up to the put: scores (a group's in one reward call
+        where ``batchable``), teacher log-probs, and the (key, fields, tag) of each output."""
+        if batchable(self, trajectories):
+            await score_trajectories(self, trajectories, sessions)
+        else:
+            await asyncio.gather(*(self.compute_score(outputs, kwargs=session)
+                                   for outputs, session in zip(trajectories, sessions, strict=True)))
+        await asyncio.gather(*(self.compute_teacher_logprobs(outputs[-1], validate=validate, sample_kwargs=session)
+                               for outputs, session in zip(trajectories, sessions, strict=True)))
+        records = []
+        for outputs, session in zip(trajectories, sessions, strict=True):
+            final = outputs[-1]
+            if final.reward_score is not None:
+                for output in outputs[:-1]:
+                    output.reward_score = final.reward_score
+                    output.extra_fields["reward_extra_info"] = final.extra_fields["reward_extra_info"]
+            records += [(format_key(session["uid"], session["session_id"], i),
+                         *self.transfer_queue_record(output, session)) for i, output in enumerate(outputs)]
+        return records
+
+    async def _put_group(self, records: list[tuple[str, dict, dict]], partition_id: str) -> None:
         keys, fields, tags = (list(column) for column in zip(*records, strict=True))
         await tq.async_kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), tags=tags,
                                     partition_id=partition_id)
