@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from verl_ext.speculation.adaptive import (AdaptiveDraftLength, VerifyCostModel, batch_cap, best_draft_length,
-                                           expected_emitted)
+                                           expected_emitted, speedup_ceiling)
 from verl_ext.speculation.config import CPU_VERIFY_COST_TABLE, SpeculationConfig
 
 
@@ -40,6 +40,19 @@ def test_best_length_shrinks_with_acceptance_and_batch():
     assert high > low > 0
     assert best_draft_length([0.9], 128, cost, 16)[0] < high  # verification costs more at batch 128
     assert best_draft_length([0.02], 128, cost, 16)[0] == 0  # nothing beats a plain step: off
+
+
+def test_speedup_ceiling_is_the_best_lengths_gain():
+    # by hand: c(1, k) = 1 + 0.25 k (k >= 1), alpha 0.5: E/c = 1, 1.2, 1.17, ... so k = 1 gives 1.5 / 1.25
+    cost = VerifyCostModel(table=((1, 4, 2.0),))
+    assert speedup_ceiling([0.5], 1, cost, 4)[0] == pytest.approx(1.2)
+    assert speedup_ceiling([0.0], 1, cost, 4)[0] == pytest.approx(1.0)  # nothing accepted: plain decoding's 1
+    free = VerifyCostModel(table=((1, 1.0),))  # verification costs nothing: the whole geometric sum
+    assert speedup_ceiling([0.5], 1, free, 4)[0] == pytest.approx(1.9375)
+    # on the CPU table it falls with batch size, and at batch 64 acceptance 0.6 gains almost nothing
+    ceilings = [speedup_ceiling([0.8], b, VerifyCostModel())[0] for b in (1, 8, 64)]
+    assert ceilings[0] > ceilings[1] > ceilings[2] > 1
+    assert speedup_ceiling([0.6], 64, VerifyCostModel())[0] < 1.1
 
 
 def test_batch_cap_falls_with_batch_size_and_flat_cost_means_full_length():

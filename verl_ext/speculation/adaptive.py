@@ -68,10 +68,21 @@ def expected_emitted(alpha: np.ndarray, max_k: int) -> np.ndarray:
     return np.cumsum(np.asarray(alpha, dtype=np.float64)[:, None] ** np.arange(max_k + 1), axis=1)
 
 
+def _gains(alpha: Sequence[float], batch_size: int, cost: VerifyCostModel, max_k: int) -> np.ndarray:
+    """E(alpha, k) / c(B, k) for k = 0..max_k: a step's tokens over plain decoding's in the same time."""
+    return expected_emitted(np.asarray(alpha), max_k) / cost.relative_cost(batch_size, np.arange(max_k + 1))
+
+
 def best_draft_length(alpha: Sequence[float], batch_size: int, cost: VerifyCostModel, max_k: int) -> np.ndarray:
     """Per sequence, the k in 0..max_k that maximises E(alpha, k) / c(B, k)."""  # -> [S] int
-    gain = expected_emitted(np.asarray(alpha), max_k) / cost.relative_cost(batch_size, np.arange(max_k + 1))
-    return gain.argmax(axis=1)
+    return _gains(alpha, batch_size, cost, max_k).argmax(axis=1)
+
+
+def speedup_ceiling(alpha: Sequence[float], batch_size: int, cost: VerifyCostModel,
+                    max_k: int = MAX_DRAFT_TOKENS) -> np.ndarray:
+    """Per acceptance, the most speculation can speed decoding up at this batch size: max over k of E / c (>= 1,
+    k = 0 being plain decoding). What a device's cost table allows, whatever the drafter."""  # -> [S]
+    return _gains(alpha, batch_size, cost, max_k).max(axis=1)
 
 
 def batch_cap(alpha: Sequence[float], lengths: Sequence[int], cost: VerifyCostModel, max_k: int) -> int:
