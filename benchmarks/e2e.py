@@ -31,6 +31,8 @@ ROWS = [  # (title, metric key)
     ("  engine prefill", "rollout/phase/prefill_s"),
     ("  engine decode/verify", "rollout/phase/decode_s"),
     ("  drafting (critical path)", "rollout/phase/draft_s"),
+    # per-token alpha: benchmarks/verify_cost.py --ceiling says what it allows at each batch size
+    ("  draft token acceptance (alpha)", "rollout/spec/token_acceptance"),
     ("  outside the engine", "rollout/phase/outside_engine_s"),
     ("    server waiting for requests", "rollout/phase/server_idle_s"),
     ("    agent loop, data transfer", "rollout/phase/outside_server_s"),

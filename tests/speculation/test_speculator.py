@@ -1,6 +1,9 @@
 """The per-step facade the engine calls, and the metrics it reports."""
 
 import pickle
+import random
+
+import pytest
 
 from verl_ext.speculation import DraftRequest, SpeculationConfig, SpecMetrics, Speculator, prompt_key
 
@@ -16,6 +19,28 @@ def test_metrics_definitions():
     assert metrics.acceptance_rate == 5 / 6
     total = metrics + metrics
     assert total.emitted_tokens == 20 and total.as_dict()["rollout/spec/accepted_tokens_per_forward"] == 2.0
+    # per-token acceptance: 5 accepted, one draft cut short (the third row's, 1 of 2) -> 5 / 6 here too
+    assert metrics.verified_drafts == 2 and metrics.cut_drafts == 1 and metrics.token_acceptance == 5 / 6
+    assert SpecMetrics.from_dict(total.as_dict()).token_acceptance == 5 / 6  # survives the merge across servers
+
+
+def test_token_acceptance_recovers_a_geometric_alpha_where_acceptance_rate_does_not():
+    # drafts of 8 tokens, each accepted with probability 0.7 until the first rejection
+    rng, alpha, metrics = random.Random(0), 0.7, SpecMetrics()
+    for _ in range(400):
+        drafted = [8] * 16
+        accepted = []
+        for k in drafted:
+            n = 0
+            while n < k and rng.random() < alpha:
+                n += 1
+            accepted.append(n)
+        metrics.record_step(drafted, accepted)
+    assert metrics.token_acceptance == pytest.approx(alpha, abs=0.01)
+    assert metrics.acceptance_rate < alpha - 0.2  # accepted / drafted counts the tokens after a rejection too
+    # vLLM's counters (no cut drafts counted): the metric is left out rather than reported as 1.0
+    vllm_side = SpecMetrics(target_forwards=1, sequence_forwards=4, drafted_tokens=12, accepted_tokens=5)
+    assert vllm_side.token_acceptance is None and "rollout/spec/token_acceptance" not in vllm_side.as_dict()
 
 
 def test_no_speculation_is_one_token_per_forward(toy_table, toy_rollout):

@@ -3,6 +3,11 @@
 Definition used throughout: accepted tokens per target forward = mean tokens EMITTED per sequence per
 target forward = (accepted drafts + 1) averaged over (sequence, forward) pairs. It is 1.0 without
 speculation; the gain over plain decoding is at most this number divided by the verification cost ratio.
+Per-token acceptance (``token_acceptance``) = accepted / (accepted + drafts cut short by a rejection): the
+maximum-likelihood alpha of a geometric acceptance (each draft token accepted with probability alpha until the
+first rejection), the alpha of the adaptive controller and of ``speedup_ceiling``. ``acceptance_rate`` (accepted /
+drafted) is lower whenever drafts run past the first rejection. Only the HF engine counts cut drafts
+(``verified_drafts`` > 0); vLLM's counters do not say which drafts were cut, so its metrics leave it out.
 The same counters are kept per source of the draft (``by_source``: which history a drafter took each row's
 draft from, e.g. ngram_rl's prompt / siblings / self / global; "none" for rows that got no draft).
 """
@@ -23,6 +28,8 @@ class SpecMetrics:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     emitted_tokens: int = 0  # accepted + one recovered or bonus token per sequence forward
+    verified_drafts: int = 0  # (sequence, forward) pairs with a draft of at least one token
+    cut_drafts: int = 0  # those whose draft was rejected before its end
     prefetch_lookups: int = 0  # sequence verifications whose next draft was looked up in the prefetcher
     prefetch_hits: int = 0
     cache_tokens: int = 0  # gauge: tokens held by the drafter's history at the last step
@@ -37,6 +44,8 @@ class SpecMetrics:
         self.drafted_tokens += int(sum(num_drafted))
         self.accepted_tokens += int(sum(num_accepted))
         self.emitted_tokens += int(sum(num_accepted)) + len(num_accepted)
+        self.verified_drafts += sum(1 for drafted in num_drafted if drafted > 0)
+        self.cut_drafts += sum(1 for drafted, accepted in zip(num_drafted, num_accepted) if accepted < drafted)
         if sources is not None:
             self.record_sources(sources, num_drafted, num_accepted)
 
@@ -57,6 +66,14 @@ class SpecMetrics:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     @property
+    def token_acceptance(self) -> float | None:
+        """Per-token acceptance alpha (geometric MLE); None where cut drafts are not counted (vLLM) or none ran."""
+        if not self.verified_drafts:
+            return None
+        trials = self.accepted_tokens + self.cut_drafts
+        return self.accepted_tokens / trials if trials else 0.0
+
+    @property
     def prefetch_coverage(self) -> float:
         """Share of verification outcomes whose next draft was already prefetched."""
         return self.prefetch_hits / self.prefetch_lookups if self.prefetch_lookups else 0.0
@@ -75,6 +92,8 @@ class SpecMetrics:
         out[prefix + "accepted_tokens_per_forward"] = self.accepted_tokens_per_forward
         out[prefix + "acceptance_rate"] = self.acceptance_rate
         out[prefix + "prefetch_coverage"] = self.prefetch_coverage
+        if self.token_acceptance is not None:
+            out[prefix + "token_acceptance"] = self.token_acceptance
         for source, (forwards, drafted, accepted) in sorted(self.by_source.items()):
             at = f"{prefix}source/{source}/"
             counts = (forwards, drafted, accepted)
