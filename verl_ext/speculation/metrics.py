@@ -70,8 +70,7 @@ class SpecMetrics:
         """Per-token acceptance alpha (geometric MLE); None where cut drafts are not counted (vLLM) or none ran."""
         if not self.verified_drafts:
             return None
-        trials = self.accepted_tokens + self.cut_drafts
-        return self.accepted_tokens / trials if trials else 0.0
+        return self.accepted_tokens / (self.accepted_tokens + self.cut_drafts)  # > 0: a draft is accepted or cut
 
     @property
     def prefetch_coverage(self) -> float:
