@@ -40,14 +40,15 @@ demo: install
 demo-vllm: install-vllm
 	$(VLLM_BIN)/python -m verl_ext.main --config-name demo_cpu_vllm $(ARGS)
 
+# --durations: CI's log names the slowest tests (the whole run must stay under 30 minutes on 2 cores)
 test: install
-	$(BIN)/python -m pytest -q --ignore=tests/vllm_engine $(ARGS)
+	$(BIN)/python -m pytest -q --durations=15 --ignore=tests/vllm_engine $(ARGS)
 	$(MAKE) --no-print-directory test-vllm
 
 test-vllm:
 ifeq ($(VLLM_WHY_NOT),)
 	$(MAKE) --no-print-directory install-vllm
-	$(VLLM_BIN)/python -m pytest -q tests/vllm_engine $(VLLM_ARGS)
+	$(VLLM_BIN)/python -m pytest -q --durations=10 tests/vllm_engine $(VLLM_ARGS)
 else
 	@echo "vLLM tests skipped: $(VLLM_WHY_NOT)"
 endif
