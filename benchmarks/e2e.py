@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from verl_ext.speculation.metrics import SpecMetrics
+
 FINAL_SHARE = 0.3
 RECIPES = ("grpo_baseline", "demo_cpu")
 LONG_RECIPES = ("grpo_baseline", "demo_cpu_long")
@@ -59,7 +61,12 @@ def final_means(path: Path) -> dict[str, float]:
     rows = [r for r in rows if "timing_s/step" in r]
     tail = rows[-max(1, round(len(rows) * FINAL_SHARE)):]
     keys = {key for row in tail for key in row}
-    return {key: sum(r.get(key, 0.0) for r in tail) / len(tail) for key in keys}
+    means = {key: sum(r.get(key, 0.0) for r in tail) / len(tail) for key in keys}
+    # a ratio from the tail's summed counters, not a mean over steps: a step that drafted nothing reports none
+    spec = sum((SpecMetrics.from_dict(row) for row in tail), SpecMetrics())
+    if spec.token_acceptance is not None:
+        means["rollout/spec/token_acceptance"] = spec.token_acceptance
+    return means
 
 
 def table(base: dict, ours: dict, steps: int, ours_name: str = "demo_cpu") -> str:
