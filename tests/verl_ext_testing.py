@@ -1,6 +1,8 @@
 """Helpers shared by the test suite (on sys.path through pytest.ini's ``pythonpath``)."""
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +18,34 @@ def demo_data_dir() -> Path:
 
 def main_command(*overrides: str, recipe: str = "demo_cpu") -> list[str]:
     return [sys.executable, "-m", "verl_ext.main", "--config-name", recipe, *overrides]
+
+
+# The learning run (tests/integration/conftest.py): real GRPO steps that several integration tests read.
+LEARNING_STEPS = 12
+ENTROPY_COEFF = 0.001  # the update computes entropy too (tests/integration/test_prefix_grouper_step.py)
+
+
+def learning_command(demo_data_dir: Path, out: Path, steps: int, *extra: str) -> list[str]:
+    """The learning run's command: one fixed batch of 8 prompts, full_determinism, a checkpoint every step."""
+    return main_command(
+        f"trainer.total_training_steps={steps}", "data.train_max_samples=8",
+        "actor_rollout_ref.rollout.full_determinism=true", f"actor_rollout_ref.actor.entropy_coeff={ENTROPY_COEFF}",
+        f"verl_ext.data_dir={demo_data_dir}", f"verl_ext.report_dir={out / 'report'}",
+        "trainer.save_freq=1", f"trainer.default_local_dir={out / 'ckpt'}",
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+        "trainer.rollout_data_dir=${trainer.default_local_dir}/rollouts", *extra,
+    )  # fmt: skip
+
+
+def run_main(command: list[str]) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def step_metrics(out: Path) -> dict[int, dict]:
+    lines = (out / "report" / "metrics.jsonl").read_text().splitlines()
+    return {record["step"]: record["data"] for record in map(json.loads, lines)}
 
 
 def groups_of(*specs):

@@ -16,13 +16,16 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl_ext import compat, preflight, ray_setup, report
 from verl_ext.demo_resolver import register_demo_resolver
-from verl_ext.settings import read_extension_settings
+from verl_ext.settings import Settings
 
 DEFAULT_RECIPE = "demo_cpu"
 
 
 def _run(config: DictConfig) -> None:
-    preflight.check_before_data(config)  # before verl's trainer is imported, and before any data is built
+    # again on Hydra's own composition (check_before_verl may have left the command line to Hydra); before
+    # verl's trainer is imported, and before any data is built
+    settings = preflight.check_before_data(config)
+    preflight.check_rollout_backend(settings)
 
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -35,11 +38,11 @@ def _run(config: DictConfig) -> None:
     preflight.check_paths(config)
     ray_setup.prepare_ray(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    metrics_path = _enable_step_report(config)
+    metrics_path = _enable_step_report(config, settings)
     if metrics_path is None:
         run_ppo(config, task_runner_class=TaskRunnerV1)
         return
-    progress = report.ProgressPrinter(metrics_path, config.trainer.total_training_steps)
+    progress = report.ProgressPrinter(metrics_path, settings.trainer.total_training_steps)
     progress.start()
     try:
         run_ppo(config, task_runner_class=TaskRunnerV1)
@@ -48,9 +51,9 @@ def _run(config: DictConfig) -> None:
         print(report.summarize(metrics_path, metrics_path.with_name("steps.png")), flush=True)
 
 
-def _enable_step_report(config: DictConfig) -> Optional[Path]:
+def _enable_step_report(config: DictConfig, settings: Settings) -> Optional[Path]:
     """With ``verl_ext.report_dir`` set and verl's ``file`` logger on, route its JSONL there for the report."""
-    report_dir = read_extension_settings(config.get("verl_ext")).report_dir
+    report_dir = settings.extension.report_dir
     if not report_dir or "file" not in config.trainer.logger:
         return None
     metrics_path = Path(report_dir).expanduser().resolve() / "metrics.jsonl"
@@ -77,6 +80,10 @@ def main() -> None:
         sys.exit(f"verl_ext: {error}")
     register_demo_resolver()
     preflight.check_recipe_name(sys.argv[1:])
+    try:
+        preflight.check_before_verl(sys.argv[1:], DEFAULT_RECIPE)
+    except preflight.ConfigError as error:
+        sys.exit(f"verl_ext: {error}")
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
     _hydra_main()
 

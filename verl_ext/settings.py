@@ -6,11 +6,13 @@ its rollout config (the HF and the vLLM server) runs the same parser on it, ``re
 module receives these typed objects.
 
     section                    class                   keys (relative to the section)
-    trainer                    TrainerSettings         device, v1.trainer_mode, v1.sampler.poll_interval
+    trainer                    TrainerSettings         device, v1.trainer_mode, v1.sampler.poll_interval,
+                                                       total_training_steps, total_epochs
     actor_rollout_ref.rollout  RolloutSettings         custom.speculation.* (SpeculationConfig), custom.trace_dir,
                                                        full_determinism, free_cache_engine, engine_kwargs.hf.*, ...
     actor_rollout_ref          PrefixGrouperSettings   actor.use_prefix_grouper and the keys it cannot run with
     verl_ext                   ExtensionSettings       data_dir, report_dir, demo_profile
+    data                       DataSettings            train_batch_size
 
 Each field names the keys it is read from in ``metadata["keys"]``. ``DECLARED_KEYS`` holds them all, with the
 speculation keys and ``VERL_KEYS`` (verl's own keys that verl_ext reads with verl's meaning and verl validates);
@@ -53,9 +55,15 @@ class TrainerSettings:
     trainer_mode: Optional[str] = _key("v1.trainer_mode", default=None)
     # seconds between checks whether a step's rollouts are done; read by verl_ext's trainer (None: verl's 2 s)
     poll_interval: Optional[float] = _key("v1.sampler.poll_interval", default=None)
+    total_training_steps: Optional[int] = _key("total_training_steps", default=None)  # None: verl's, from epochs
+    total_epochs: int = _key("total_epochs", default=1)
 
     def __post_init__(self) -> None:
         _check_choice("trainer.device", self.device, Device, "use cuda or cpu.")
+        if self.total_training_steps is not None:
+            _check_count("trainer.total_training_steps", self.total_training_steps,
+                         "or drop it (null) to train for trainer.total_epochs")
+        _check_count("trainer.total_epochs", self.total_epochs)
         if self.poll_interval is None:
             return
         if self.trainer_mode != "verl_ext":
@@ -103,11 +111,8 @@ class RolloutSettings:
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
             raise ConfigError(f"{self.PREFIX}.engine_kwargs.hf.num_threads={self.num_threads!r} is invalid: "
                               "set a thread count >= 1, or drop it to use all cores.")
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{self.PREFIX}.{name}={value!r} is invalid: set an integer >= 1 "
-                                  f"(verl's default: {getattr(type(self), name)}).")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "prompt_length", "response_length"):
+            _check_count(f"{self.PREFIX}.{name}", getattr(self, name), f"(verl's default: {getattr(type(self), name)})")
         if self.speculation is not None:
             self._check_speculation()
 
@@ -183,11 +188,23 @@ class ExtensionSettings:
 
 
 @dataclass(frozen=True)
+class DataSettings:
+    """data.*: the batch verl_ext's trainer counts samples of."""
+
+    PREFIX: ClassVar[str] = "data"
+    train_batch_size: int = _key("train_batch_size", default=1024)  # prompts per step
+
+    def __post_init__(self) -> None:
+        _check_count(f"{self.PREFIX}.train_batch_size", self.train_batch_size, "(prompts per step)")
+
+
+@dataclass(frozen=True)
 class Settings:
     trainer: TrainerSettings
     rollout: RolloutSettings
     prefix_grouper: PrefixGrouperSettings
     extension: ExtensionSettings
+    data: DataSettings
 
     def __post_init__(self) -> None:
         where = RolloutSettings.PREFIX
@@ -212,6 +229,7 @@ def read_settings(config) -> Settings:
         rollout=read_rollout_settings(_get(config, RolloutSettings.PREFIX)),
         prefix_grouper=read_prefix_grouper(_get(config, PrefixGrouperSettings.PREFIX)),
         extension=read_extension_settings(_get(config, ExtensionSettings.PREFIX)),
+        data=_read(DataSettings, _get(config, DataSettings.PREFIX)),
     )
 
 
@@ -316,6 +334,11 @@ def _check_choice(key: str, value, choices, fix: str) -> None:
         raise ConfigError(f"{key}={value} is not supported; {fix}")
 
 
+def _check_count(key: str, value, hint: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{key}={value!r} is invalid: set an integer >= 1{' ' + hint if hint else ''}.")
+
+
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -326,8 +349,8 @@ def _is_number(value) -> bool:
 # of paths and Ray, the rollout servers, the trainer and the workers.
 VERL_KEYS = frozenset({
     "actor_rollout_ref.model.path", "data.train_files", "data.val_files", "reward.custom_reward_function.path",
-    "data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size",
-    "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.logger", "trainer.total_training_steps",
+    "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.logger",
     "trainer.critic_warmup", "trainer.default_local_dir", "trainer.resume_mode", "trainer.resume_from_path",
     "ray_kwargs.ray_init.address", "ray_kwargs.ray_init.num_cpus", "ray_kwargs.ray_init.num_gpus",
     "ray_kwargs.ray_init.runtime_env.env_vars.TQ_NUM_THREADS",
@@ -335,7 +358,7 @@ VERL_KEYS = frozenset({
     "actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.rollout.pipeline_model_parallel_size",
 })
 
-SECTIONS = (TrainerSettings, RolloutSettings, PrefixGrouperSettings, ExtensionSettings)
+SECTIONS = (TrainerSettings, RolloutSettings, PrefixGrouperSettings, ExtensionSettings, DataSettings)
 # every key parsed here, with its section's prefix
 PARSED_KEYS = frozenset(f"{cls.PREFIX}.{key}" for cls in SECTIONS for key in _field_keys(cls))
 DECLARED_KEYS = PARSED_KEYS | VERL_KEYS | {f"{SPECULATION}.{f.name}" for f in fields(SpeculationConfig)}

@@ -193,3 +193,28 @@ def test_a_build_can_continue_from_another(test_assets, monkeypatch):
     stamp = build._stamp("test_long")
     monkeypatch.setitem(build.PROFILES, "test", replace(build.PROFILES["test"], seed=1))
     assert build._stamp("test_long") != stamp  # a changed base makes this build stale
+
+
+def test_a_warm_start_outside_its_band_is_refused_and_not_kept(tmp_path, monkeypatch):
+    # the test profile has no band; give it one its tiny warm start cannot reach
+    monkeypatch.setitem(build.START_REWARD_BANDS, "test", (1.5, 2.0))
+    with pytest.raises(DemoAssetsError, match=r"start reward of [0-9.]+, outside \[1.5, 2.0\].*--rebuild"):
+        ensure_demo_assets(tmp_path, profile="test")
+    assert not (tmp_path / f"demo-v{build.BUILD_VERSION}-test").exists()
+    assert not list(tmp_path.glob(".demo-*"))  # no scratch left behind
+
+
+@pytest.mark.parametrize("start_reward,refused", [(0.39, True), (0.52, False), (0.68, False), (0.86, True)])
+def test_the_full_build_s_band(start_reward, refused):
+    # 0.52 and 0.68: the two processors measured (README); below, a warm start that did not take; above, no room
+    # for the demo's learning bar
+    if refused:
+        with pytest.raises(DemoAssetsError, match="report it"):
+            build.check_start_reward("full", start_reward)
+    else:
+        build.check_start_reward("full", start_reward)
+
+
+def test_the_embedded_default_built_here_is_in_its_band(demo_data_dir):
+    low, high = build.START_REWARD_BANDS["full"]
+    assert low <= ensure_demo_assets(demo_data_dir).report["start_reward"] <= high

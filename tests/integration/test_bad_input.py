@@ -1,7 +1,8 @@
 """Bad input stops the main entry point before Ray starts, with one line that names the problem and the fix.
 
 Each case runs on a fresh data directory: every check that needs no built data comes before the embedded
-default's build (minutes), so the answer comes in seconds and the directory is never created.
+default's build (minutes), and before verl is imported (12 s of imports on 2 cores; torch too unless the check
+needs a device), so the answer comes in about a second and the directory is never created.
 """
 
 import resource
@@ -21,27 +22,40 @@ CASES = {
     "no responses per prompt": (["actor_rollout_ref.rollout.n=0"], "actor_rollout_ref.rollout.n=0 is invalid"),
     "bad speculation setting": ([f"{SPEC}.num_draft_tokens=99"], "speculation.num_draft_tokens=99 is invalid"),
     "prefix grouper conflict": (["actor_rollout_ref.model.use_fused_kernels=true"], "use_fused_kernels=true"),
+    "negative step count": (["trainer.total_training_steps=-3"], "trainer.total_training_steps=-3 is invalid"),
+    "no prompts per step": (["data.train_batch_size=0"], "data.train_batch_size=0 is invalid"),
+    "unknown key": (["actor_rollout_ref.rollout.nn=3"], "Key 'nn' is not in struct"),
+    # the main environment never has vLLM (it runs in .venv-vllm)
+    "vLLM recipe without vLLM": (["--config-name", "demo_cpu_vllm"], "vLLM is not installed in this environment"),
 }  # fmt: skip
-CPU_SECONDS = 60  # the check itself takes ~10 s (imports); building the embedded default takes minutes
+NEEDS_TORCH = {"cuda without a GPU"}  # whether a GPU is visible is torch's to say
+CPU_SECONDS = 20  # measured 1-2 s on 2 cores; importing verl alone takes ~13, building the embedded default minutes
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_input_gets_one_clear_line_before_any_build(case, tmp_path):
     extra, message = CASES[case]
     fresh_data_dir = tmp_path / "data"
-    if extra[0] == "--config-name":
-        command = main_command(recipe=extra[1])
-    else:
-        command = main_command(*extra, f"verl_ext.data_dir={fresh_data_dir}")
+    recipe = {"recipe": extra[1]} if extra[0] == "--config-name" else {}
+    python, *rest = main_command(*extra[2 * bool(recipe):], f"verl_ext.data_dir={fresh_data_dir}", **recipe)
     cpu_before = _children_cpu_seconds()
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    result = subprocess.run([python, "-X", "importtime", *rest], capture_output=True, text=True, timeout=300,
+                            cwd=REPO)
     cpu_seconds = _children_cpu_seconds() - cpu_before
     assert result.returncode != 0
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("verl_ext: ") and message in last_line, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert not fresh_data_dir.exists()  # refused before the embedded default was built
+    imported = _imported_packages(result.stderr)
+    assert "verl" not in imported and ("torch" in imported) == (case in NEEDS_TORCH), sorted(imported)
     assert cpu_seconds < CPU_SECONDS  # CPU, not wall-clock time: the box may be shared
+
+
+def _imported_packages(importtime_log: str) -> set[str]:
+    """Top-level packages that ``python -X importtime`` reports imported."""
+    return {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in importtime_log.splitlines()
+            if line.startswith("import time:")}
 
 
 def _children_cpu_seconds() -> float:

@@ -12,49 +12,19 @@ same response, as full_determinism once gave) the reward fell instead (0.50 -> 0
 import json
 import shutil
 import statistics
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from verl_ext_testing import REPO, main_command
+from verl_ext_testing import LEARNING_STEPS as STEPS
+from verl_ext_testing import learning_command, run_main, step_metrics
 
-STEPS = 12
 WINDOW = 4
 MIN_RISE = 0.03
 
 
-def _command(demo_data_dir: Path, out: Path, steps: int) -> list[str]:
-    return main_command(
-        f"trainer.total_training_steps={steps}", "data.train_max_samples=8",
-        "actor_rollout_ref.rollout.full_determinism=true",
-        f"verl_ext.data_dir={demo_data_dir}", f"verl_ext.report_dir={out / 'report'}",
-        "trainer.save_freq=1", f"trainer.default_local_dir={out / 'ckpt'}",
-        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
-        "trainer.rollout_data_dir=${trainer.default_local_dir}/rollouts",
-    )  # fmt: skip
-
-
-def _run(command: list[str]) -> None:
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=REPO)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-
-
-def _metrics(out: Path) -> dict[int, dict]:
-    lines = (out / "report" / "metrics.jsonl").read_text().splitlines()
-    return {record["step"]: record["data"] for record in map(json.loads, lines)}
-
-
-@pytest.fixture(scope="module")
-def learning_run(demo_data_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("learning")
-    _run(_command(demo_data_dir, out, STEPS))
-    return out
-
-
 def test_a_few_grpo_steps_raise_the_reward(learning_run):
-    metrics = _metrics(learning_run)
+    metrics = step_metrics(learning_run)
     assert sorted(metrics) == list(range(1, STEPS + 1))
     rewards = [metrics[step]["critic/score/mean"] for step in sorted(metrics)]
     first, last = statistics.fmean(rewards[:WINDOW]), statistics.fmean(rewards[-WINDOW:])
@@ -66,9 +36,9 @@ def test_resumed_run_equals_the_uninterrupted_one(learning_run, demo_data_dir, t
     (tmp_path / "ckpt").mkdir()
     shutil.copytree(learning_run / "ckpt" / "global_step_2", tmp_path / "ckpt" / "global_step_2")
     (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("2")
-    _run(_command(demo_data_dir, tmp_path, steps=3))
+    run_main(learning_command(demo_data_dir, tmp_path, steps=3))
 
-    a, b = _metrics(learning_run)[3], _metrics(tmp_path)
+    a, b = step_metrics(learning_run)[3], step_metrics(tmp_path)
     assert sorted(b) == [3]
     b = b[3]
     prompts = [sorted(json.loads(line)["input"] for line in (out / "ckpt" / "rollouts" / "3.jsonl").open())

@@ -4,10 +4,14 @@ Every engine here is vLLM's own, started as verl_ext's vLLM server starts it (``
 no stand-ins. Outside the vLLM environment these modules skip with one line (pytest.importorskip).
 """
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
+from verl_ext.platform import vllm_cpu
 from vllm_engine_testing import NUM_PROMPTS, Engines
 
 # vLLM on CPU reserves this many GiB of KV cache per engine (its default, 4, is more than tests need).
@@ -34,3 +38,17 @@ def engines(demo_assets):
     engines = Engines(demo_assets.model_path)
     yield engines
     engines.close()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Where vLLM is installed but its CPU build cannot run on this processor, every test here skips with one
+    line (a crash of the compiled extension would end the whole run, not fail a test)."""
+    here = Path(__file__).parent
+    ours = [item for item in items if here in Path(item.fspath).parents]
+    if not ours or importlib.util.find_spec("vllm") is None:
+        return
+    reason = vllm_cpu.why_not_here() or vllm_cpu.probe(sys.executable)
+    if reason:
+        skip = pytest.mark.skip(reason=f"vLLM cannot run here: {reason}")
+        for item in ours:
+            item.add_marker(skip)

@@ -39,7 +39,11 @@ def test_expand_repeats_each_request_value_over_its_draft_positions(values, repl
 
 
 def test_vllm_cpu_expand_leaves_a_float_output_unwritten():
-    import vllm._C  # noqa: F401  (registers torch.ops._C, as the engine's worker does)
+    from vllm.platforms import current_platform
+
+    # registers torch.ops._C as the engine's worker does: the build of vLLM's extension this processor runs
+    # (``import vllm._C`` would load the AVX-512 build whatever the processor)
+    current_platform.import_kernels()
 
     output = torch.full((4,), -7.0)
     cpu_kernels._expand_kernel_impl(output, torch.tensor([0.5, 2.0]), torch.tensor([1, 4]), -1, 1)

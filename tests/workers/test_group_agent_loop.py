@@ -8,7 +8,8 @@ each; the first two on verl's single-turn agent loop, which the group worker sha
 a failing one, which it builds per sample) against one real HF rollout server and a real reward-loop worker (the
 embedded reward), with TransferQueue on a local Ray cluster. The samples are greedy (verl's per-sample
 ``__do_sample__``) and speculation is off, so the two runs' samples are the same tokens and log-probs whichever
-order the server takes them in. A group's samples are then alike, so a second test scores distinct answers.
+order the server takes them in; each prompt's answers have a length of their own (ignore_eos), whatever the policy
+would answer. A group's samples are then alike, so a second test scores distinct answers.
 """
 
 import asyncio
@@ -27,6 +28,7 @@ from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentL
 pytestmark = pytest.mark.ray
 
 PROMPTS, SAMPLES = 2, 4  # and a third prompt, whose agent loop fails in its second sample
+FIRST_LENGTH, LENGTH_STEP = 16, 8  # the answers' lengths, a prompt at a time (rollout.response_length is 64)
 LOGPROB_ATOL = 1e-4
 
 
@@ -65,12 +67,16 @@ class FailsInSecondSample(SingleTurnAgentLoop):
 
 class InProcessClient:
     """The agent loop's LLM client for one HF rollout server in this process: verl's client makes the same call
-    through its load-balancer actor."""
+    through its load-balancer actor. Every answer to a prompt is as long as ``lengths`` says (ignore_eos), a length
+    per prompt, so a sample's length says whose answer it holds."""
 
     def __init__(self, server):
         self.server = server
+        self.lengths: dict[tuple[int, ...], int] = {}  # prompt -> its answers' length, in order of first request
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        length = self.lengths.setdefault(tuple(prompt_ids), FIRST_LENGTH + LENGTH_STEP * len(self.lengths))
+        sampling_params = {**sampling_params, "max_tokens": length, "ignore_eos": True}
         return await self.server.generate(prompt_ids=prompt_ids, sampling_params=sampling_params,
                                           request_id=request_id, **kwargs)
 
@@ -135,6 +141,7 @@ def test_group_worker_writes_what_verls_worker_writes(config, cluster):
     from verl.utils.config import omega_conf_to_dataclass
 
     from verl_ext.compat.verl import VerlAgentLoopWorkerTQ
+    from verl_ext.demo.reward import compute_score
     from verl_ext.rollout.hf_server import HFRolloutServer
     from verl_ext.workers.agent_loop import GroupAgentLoopWorker
 
@@ -166,8 +173,14 @@ def test_group_worker_writes_what_verls_worker_writes(config, cluster):
         torch.testing.assert_close(torch.tensor(group_logprobs), torch.tensor(verl_logprobs), rtol=0, atol=LOGPROB_ATOL)
         differing = [name for name in verl_record if group_record[name] != verl_record[name]]
         assert not differing, (key, {name: (verl_record[name], group_record[name]) for name in differing})
-    # the comparison has teeth: samples are scored (some above 0), and the two prompts' samples differ
-    assert any(sum(record["rm_scores"]) > 0 for record in group_fields.values())
+    # the comparison has teeth, whatever the policy answers: each sample holds an answer to its own prompt (the
+    # client's length for it), so the two prompts' samples differ, and its score is the embedded reward of that answer
+    tokenizer = omega_conf_to_dataclass(config.actor_rollout_ref.model).tokenizer
+    for key, record in group_fields.items():
+        assert len(record["responses"]) == client.lengths[tuple(record["prompts"])], key
+        answer = tokenizer.decode(record["responses"], skip_special_tokens=True)
+        expected = compute_score(record["data_source"], answer, record["reward_model"]["ground_truth"])
+        assert sum(record["rm_scores"]) == pytest.approx(expected), key
     assert group_fields["0_0_0"]["responses"] != group_fields["1_0_0"]["responses"]
     assert len(group_fields["0_0_0"]) > 15, sorted(group_fields["0_0_0"])
 

@@ -108,11 +108,12 @@ class HFRolloutServer:
             raise ValueError("HF rollout serves text-only models; use rollout.name=vllm for multi-modal data.")
         if not self._accepting:
             return TokenOutput(token_ids=[], stop_reason="aborted", extra_fields=self._extra_fields())
-        settings, max_new, want_log_probs = parse_sampling_params(dict(sampling_params), self._max_new(prompt_ids))
+        parsed = parse_sampling_params(dict(sampling_params), self._max_new(prompt_ids))
         seed = self._request_seed(sampling_params.get("seed"), request_id, prompt_ids)
-        request = GenerationRequest(list(prompt_ids), max_new, settings, self.stop_ids, seed)
+        stop_ids = frozenset() if parsed.ignore_eos else self.stop_ids
+        request = GenerationRequest(list(prompt_ids), parsed.max_new_tokens, parsed.settings, stop_ids, seed)
         loop = asyncio.get_running_loop()
-        pending = _PendingRequest(request, want_log_probs, loop.create_future(), loop, self._aborts_issued)
+        pending = _PendingRequest(request, parsed.want_log_probs, loop.create_future(), loop, self._aborts_issued)
         if self._span[0] is None:
             self._span[0] = time.perf_counter()
         self._open.add(pending.future)
@@ -123,7 +124,7 @@ class HFRolloutServer:
             self._open.discard(pending.future)
         return TokenOutput(
             token_ids=result.token_ids,
-            log_probs=result.log_probs if want_log_probs else None,
+            log_probs=result.log_probs if parsed.want_log_probs else None,
             stop_reason="aborted" if result.finish_reason == "aborted" else "completed",
             extra_fields=self._extra_fields(),
         )

@@ -8,7 +8,8 @@ from verl_ext.speculation.config import COVERED_SAMPLING, NEUTRAL_ONLY_SAMPLING
 
 # Request options the HF engine honours; penalties and min_p pass only at their neutral values
 # (check_sampling_supported), anything else is rejected, never ignored.
-_ACCEPTED = {*COVERED_SAMPLING, *NEUTRAL_ONLY_SAMPLING, "logprobs", "max_tokens", "max_new_tokens", "seed"}
+_ACCEPTED = {*COVERED_SAMPLING, *NEUTRAL_ONLY_SAMPLING, "logprobs", "max_tokens", "max_new_tokens", "seed",
+             "ignore_eos"}
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,18 @@ class GenerationResult:
     finish_reason: Literal["stop", "length", "aborted"]
 
 
-def parse_sampling_params(params: dict[str, Any], default_max_tokens: int) -> tuple[SamplingSettings, int, bool]:
-    """Split verl's ``sampling_params`` dict into (settings, max_new_tokens, want_logprobs).
+@dataclass(frozen=True)
+class ParsedSamplingParams:
+    """verl's ``sampling_params`` dict as the HF engine reads it."""
+
+    settings: SamplingSettings
+    max_new_tokens: int
+    want_log_probs: bool
+    ignore_eos: bool  # vLLM's option: decode to max_new_tokens through the model's stop tokens
+
+
+def parse_sampling_params(params: dict[str, Any], default_max_tokens: int) -> ParsedSamplingParams:
+    """Read verl's ``sampling_params`` dict; ``default_max_tokens`` also caps what a request may ask for.
 
     Raises ValueError for options the HF engine would otherwise silently ignore.
     """
@@ -52,6 +63,9 @@ def parse_sampling_params(params: dict[str, Any], default_max_tokens: int) -> tu
     top_p = float(params.get("top_p", 1.0))
     max_tokens: Optional[int] = params.get("max_tokens", params.get("max_new_tokens"))
     max_new = int(max_tokens) if max_tokens is not None else default_max_tokens
-    return SamplingSettings(temperature, top_k, top_p), max(1, min(max_new, default_max_tokens)), bool(
-        params.get("logprobs", False)
+    return ParsedSamplingParams(
+        SamplingSettings(temperature, top_k, top_p),
+        max_new_tokens=max(1, min(max_new, default_max_tokens)),
+        want_log_probs=bool(params.get("logprobs", False)),
+        ignore_eos=bool(params.get("ignore_eos", False)),
     )

@@ -6,16 +6,25 @@ Public API: SpeculationConfig, check_sampling_supported (config); DraftRequest, 
 AdaptiveDraftLength, VerifyCostModel (adaptive); SpecMetrics (metrics).
 """
 
-from verl_ext.speculation.config import MAX_DRAFT_TOKENS, SpeculationConfig, check_sampling_supported
-from verl_ext.speculation.drafters.base import DraftRequest, Drafter, prompt_key
-from verl_ext.speculation.factory import build_drafter
-from verl_ext.speculation.metrics import SpecMetrics
-from verl_ext.speculation.sampling import BatchSamplingParams, sample_logprobs, sample_next
-from verl_ext.speculation.speculator import Speculator
-from verl_ext.speculation.verifier import VerifyResult, pad_drafts, verify
+import importlib
 
-__all__ = [
-    "MAX_DRAFT_TOKENS", "SpeculationConfig", "check_sampling_supported", "DraftRequest", "Drafter", "prompt_key",
-    "build_drafter", "SpecMetrics", "BatchSamplingParams", "sample_logprobs", "sample_next", "Speculator",
-    "VerifyResult", "pad_drafts", "verify",
-]
+from verl_ext.speculation.config import MAX_DRAFT_TOKENS, SpeculationConfig, check_sampling_supported
+
+# The rest is imported on first use: the config schema (verl_ext.settings) reads this package before verl and
+# torch are imported, so that a bad setting is answered in seconds.
+_LAZY = {
+    "DraftRequest": "drafters.base", "Drafter": "drafters.base", "prompt_key": "drafters.base",
+    "build_drafter": "factory", "SpecMetrics": "metrics", "BatchSamplingParams": "sampling",
+    "sample_logprobs": "sampling", "sample_next": "sampling", "Speculator": "speculator",
+    "VerifyResult": "verifier", "pad_drafts": "verifier", "verify": "verifier",
+}
+
+__all__ = ["MAX_DRAFT_TOKENS", "SpeculationConfig", "check_sampling_supported", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value

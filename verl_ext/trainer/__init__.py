@@ -84,7 +84,7 @@ class VerlExtTrainer(SyncTrainerMode, TrainerHooks, PPOTrainerSync):
     def compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         super().compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
         per_server = ray.get([s.rollout_metrics.remote() for s in self._verl_ext_servers()])
-        samples = self.config.data.train_batch_size * self.settings.rollout.n
+        samples = self.settings.data.train_batch_size * self.settings.rollout.n
         metrics.update(rollout_metrics(metrics, per_server, samples))
 
     def save_checkpoint(self):
