@@ -63,3 +63,9 @@ def test_a_vllm_rollout_on_a_processor_vllm_cannot_run_on_is_refused_on_cpu_only
     preflight.check_rollout_backend(_settings("demo_cpu_vllm", "trainer.device=cuda"))
     monkeypatch.setattr(vllm_cpu, "why_not_here", lambda: None)
     preflight.check_rollout_backend(_settings("demo_cpu_vllm"))
+
+
+def test_a_value_that_does_not_resolve_is_one_line():
+    with pytest.raises(preflight.ConfigError, match="NO_SUCH_VARIABLE_HERE") as error:
+        preflight.check_before_verl(["actor_rollout_ref.rollout.n=${oc.env:NO_SUCH_VARIABLE_HERE}"], "demo_cpu")
+    assert "\n" not in str(error.value)

@@ -2,7 +2,6 @@
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -35,12 +34,6 @@ def learning_command(demo_data_dir: Path, out: Path, steps: int, *extra: str) ->
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
         "trainer.rollout_data_dir=${trainer.default_local_dir}/rollouts", *extra,
     )  # fmt: skip
-
-
-def run_main(command: list[str]) -> subprocess.CompletedProcess:
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=REPO)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
 
 
 def step_metrics(out: Path) -> dict[int, dict]:

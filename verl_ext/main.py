@@ -3,7 +3,8 @@
     python -m verl_ext.main [--config-name RECIPE] [verl overrides...]
 
 RECIPE is one of ``recipes/*.yaml`` (default ``demo_cpu``); any verl override works on top. Bad input is
-reported as one line naming the problem and the fix, before Ray starts.
+reported as one line naming the problem and the fix, before verl is imported where the check needs no verl
+(``preflight.check_before_verl``: about a second), and before Ray starts in any case.
 """
 
 import os

@@ -46,7 +46,11 @@ def check_before_verl(argv: list[str], default_recipe: str) -> None:
     if overrides is None:
         return
     config = _compose_without_verl(_config_name(argv) or default_recipe, overrides)
-    check_rollout_backend(check_before_data(config))
+    try:
+        settings = check_before_data(config)
+    except OmegaConfBaseException as error:  # e.g. an interpolation that does not resolve
+        raise ConfigError(_one_line(error)) from None
+    check_rollout_backend(settings)
 
 
 def _job_overrides(argv: list[str]) -> Optional[list[str]]:

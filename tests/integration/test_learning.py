@@ -10,14 +10,13 @@ same response, as full_determinism once gave) the reward fell instead (0.50 -> 0
 """
 
 import json
-import shutil
 import statistics
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from verl_ext_testing import LEARNING_STEPS as STEPS
-from verl_ext_testing import learning_command, run_main, step_metrics
+from verl_ext_testing import step_metrics
 
 WINDOW = 4
 MIN_RISE = 0.03
@@ -31,23 +30,19 @@ def test_a_few_grpo_steps_raise_the_reward(learning_run):
     assert last >= first + MIN_RISE, f"reward per step {[round(r, 3) for r in rewards]}: no clear rise"
 
 
-def test_resumed_run_equals_the_uninterrupted_one(learning_run, demo_data_dir, tmp_path):
+def test_resumed_run_equals_the_uninterrupted_one(learning_runs):
     # every step is an epoch of the 8 prompts, so the dataloader's state (the next epoch's order) must carry over
-    (tmp_path / "ckpt").mkdir()
-    shutil.copytree(learning_run / "ckpt" / "global_step_2", tmp_path / "ckpt" / "global_step_2")
-    (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("2")
-    run_main(learning_command(demo_data_dir, tmp_path, steps=3))
-
-    a, b = step_metrics(learning_run)[3], step_metrics(tmp_path)
+    learning_run, resumed = learning_runs.on, learning_runs.resumed
+    a, b = step_metrics(learning_run)[3], step_metrics(resumed)
     assert sorted(b) == [3]
     b = b[3]
     prompts = [sorted(json.loads(line)["input"] for line in (out / "ckpt" / "rollouts" / "3.jsonl").open())
-               for out in (learning_run, tmp_path)]
+               for out in (learning_run, resumed)]
     assert prompts[0] == prompts[1], "the resumed step trained on other prompts"
     assert a["response_length/mean"] == b["response_length/mean"]
     for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/kl_loss"):
         assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
     weights = [load_file(out / "ckpt" / "global_step_3" / "actor" / "huggingface" / "model.safetensors")
-               for out in (learning_run, tmp_path)]
+               for out in (learning_run, resumed)]
     for name, tensor in weights[0].items():
         torch.testing.assert_close(weights[1][name], tensor, rtol=1e-5, atol=1e-6, msg=name)
