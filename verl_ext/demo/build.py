@@ -118,8 +118,8 @@ PROFILES: dict[str, BuildProfile] = {
 
 # The start reward (temperature 1, build.json) within which a build's demo learns: room above it for the learning
 # bar (the last quarter of make demo at least 0.10 above the first), and a warm start that took. The warm start's
-# float kernels differ by processor, so the policy does (measured: 0.68 on an AVX-512 Xeon, 0.52 on an AVX2-only
-# AMD EPYC). Kept out of the profiles: it judges a build, it does not change what is built.
+# float kernels differ by processor, so the policy does (measured: 0.68 on a processor with AVX-512, 0.52 on an
+# AVX2-only AMD EPYC). Kept out of the profiles: it judges a build, it does not change what is built.
 START_REWARD_BANDS: dict[str, tuple[float, float]] = {"full": (0.40, 0.85)}
 
 
