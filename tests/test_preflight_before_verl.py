@@ -11,6 +11,7 @@ from verl_ext import preflight
 from verl_ext.platform import vllm_cpu
 from verl_ext.settings import read_settings
 
+_find_spec = importlib.util.find_spec  # the real one, for the names a test does not replace
 OVERRIDES = ["actor_rollout_ref.rollout.n=4", "+actor_rollout_ref.rollout.custom.trace_dir=/tmp/traces"]
 
 
@@ -49,9 +50,6 @@ def test_a_vllm_rollout_without_vllm_is_refused(monkeypatch):
     with pytest.raises(preflight.ConfigError, match="vLLM is not installed in this environment.*rollout.name=hf"):
         preflight.check_rollout_backend(_settings("demo_cpu_vllm"))
     preflight.check_rollout_backend(_settings("demo_cpu"))  # control: the HF rollout needs nothing more
-
-
-_find_spec = importlib.util.find_spec
 
 
 def test_a_vllm_rollout_on_a_processor_vllm_cannot_run_on_is_refused_on_cpu_only(monkeypatch):

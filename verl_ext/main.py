@@ -22,11 +22,11 @@ from verl_ext.settings import Settings
 DEFAULT_RECIPE = "demo_cpu"
 
 
-def _run(config: DictConfig) -> None:
-    # again on Hydra's own composition (check_before_verl may have left the command line to Hydra); before
-    # verl's trainer is imported, and before any data is built
-    settings = preflight.check_before_data(config)
-    preflight.check_rollout_backend(settings)
+def _run(config: DictConfig, settings: Optional[Settings]) -> None:
+    """``settings``: what check_before_verl read from the same command line; None where it left it to Hydra."""
+    if settings is None:  # before verl's trainer is imported, and before any data is built
+        settings = preflight.check_before_data(config)
+        preflight.check_rollout_backend(settings)
 
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -66,14 +66,6 @@ def _enable_step_report(config: DictConfig, settings: Settings) -> Optional[Path
     return metrics_path
 
 
-@hydra.main(config_path="pkg://verl_ext.recipes", config_name=DEFAULT_RECIPE, version_base=None)
-def _hydra_main(config: DictConfig) -> None:
-    try:
-        _run(config)
-    except preflight.ConfigError as error:
-        sys.exit(f"verl_ext: {error}")
-
-
 def main() -> None:
     try:
         compat.require_version("verl")  # verl_ext reaches verl's private names (verl_ext.compat.verl)
@@ -82,11 +74,19 @@ def main() -> None:
     register_demo_resolver()
     preflight.check_recipe_name(sys.argv[1:])
     try:
-        preflight.check_before_verl(sys.argv[1:], DEFAULT_RECIPE)
+        settings = preflight.check_before_verl(sys.argv[1:], DEFAULT_RECIPE)
     except preflight.ConfigError as error:
         sys.exit(f"verl_ext: {error}")
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
-    _hydra_main()
+
+    @hydra.main(config_path="pkg://verl_ext.recipes", config_name=DEFAULT_RECIPE, version_base=None)
+    def hydra_main(config: DictConfig) -> None:
+        try:
+            _run(config, settings)
+        except preflight.ConfigError as error:
+            sys.exit(f"verl_ext: {error}")
+
+    hydra_main()
 
 
 if __name__ == "__main__":

@@ -38,19 +38,21 @@ def check_recipe_name(argv: list[str]) -> None:
         )
 
 
-def check_before_verl(argv: list[str], default_recipe: str) -> None:
+def check_before_verl(argv: list[str], default_recipe: str) -> Optional[Settings]:
     """``check_before_data`` and ``check_rollout_backend`` on the config of ``argv`` (verl_ext.main's arguments),
     composed without importing verl; a command line Hydra would refuse is refused here with Hydra's message.
-    Command lines this cannot compose as Hydra would (Hydra's own flags, ``hydra.searchpath``) are left to Hydra."""
+    Returns the settings read; None for a command line this cannot compose as Hydra would (Hydra's own flags,
+    ``hydra.searchpath``), which is left to Hydra and checked on its composition."""
     overrides = _job_overrides(argv)
     if overrides is None:
-        return
+        return None
     config = _compose_without_verl(_config_name(argv) or default_recipe, overrides)
     try:
         settings = check_before_data(config)
     except OmegaConfBaseException as error:  # e.g. an interpolation that does not resolve
         raise ConfigError(_one_line(error)) from None
     check_rollout_backend(settings)
+    return settings
 
 
 def _job_overrides(argv: list[str]) -> Optional[list[str]]:
@@ -59,7 +61,7 @@ def _job_overrides(argv: list[str]) -> Optional[list[str]]:
     for arg in argv:
         if skip_next:
             skip_next = False
-        elif arg in ("--config-name", "-cn"):
+        elif arg in _CONFIG_NAME_FLAGS:
             skip_next = True
         elif arg.startswith("--config-name="):
             continue
@@ -107,9 +109,12 @@ def check_rollout_backend(settings: Settings) -> None:
         raise ConfigError(f"{key} on CPU: {reason}.")
 
 
+_CONFIG_NAME_FLAGS = ("--config-name", "-cn")  # each followed by the name; or --config-name=NAME
+
+
 def _config_name(argv: list[str]):
     for i, arg in enumerate(argv):
-        if arg in ("--config-name", "-cn") and i + 1 < len(argv):
+        if arg in _CONFIG_NAME_FLAGS and i + 1 < len(argv):
             return argv[i + 1]
         if arg.startswith("--config-name="):
             return arg.split("=", 1)[1]
