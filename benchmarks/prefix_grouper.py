@@ -1,6 +1,7 @@
 """Shared-prefix forward+backward against the standard one, side by side in one process (fp32, CPU).
 
     python benchmarks/prefix_grouper.py [--quick] [--repeats 3] [--threads N]
+    python benchmarks/prefix_grouper.py --long [--rows 0,3] [--repeats 1]   (prefix_grouper_long.py)
 
 On a machine shared with other jobs, --threads 1: intra-op thread pools stall whenever another process
 takes a core, which swamps the differences measured here.
@@ -166,14 +167,14 @@ def _status_kb(field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field))
 
 
-def peak_memory_mb(run) -> float:
-    """Peak RSS above the starting RSS during one forward+backward."""
+def peak_memory_mb(step) -> float:
+    """Peak RSS above the starting RSS during `step()` (one forward+backward)."""
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current RSS
     before = _status_kb("VmRSS")
-    run().sum().backward()
+    step()
     return (_status_kb("VmHWM") - before) / 1024
 
 
@@ -203,7 +204,8 @@ def bench_row(lp: int, g: int, lr: int, repeats: int) -> dict:
     errors = check_equal(runs)
     row = {"Lp": lp, "G": g, "Lr": lr, "theory": flops(config, lp, g, lr, False) / flops(config, lp, g, lr, True)}
     for name, run in runs.items():
-        row[name] = dict(memory=peak_memory_mb(run), seconds=seconds(run, model, repeats), error=errors[name])
+        memory = peak_memory_mb(lambda: run().sum().backward())
+        row[name] = dict(memory=memory, seconds=seconds(run, model, repeats), error=errors[name])
     return row
 
 
@@ -229,11 +231,20 @@ def format_row(r: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"only {QUICK_ROWS}")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per method and row (after one warm-up)")
+    parser.add_argument("--long", action="store_true", help="long prompts, large groups, a token budget (see prefix_grouper_long)")
+    parser.add_argument("--rows", default=None, help="--long: comma-separated row numbers (default: all)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per method and row after a warm-up (3; --long: 1)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.long:
+        from prefix_grouper_long import run_long
+
+        rows = None if args.rows is None else [int(r) for r in args.rows.split(",")]
+        run_long(rows, args.repeats or 1, peak_memory_mb)
+        return
+    args.repeats = args.repeats or 3
     config = model_config(0)
     print(f"Qwen2 hidden {config.hidden_size}, {config.num_hidden_layers} layers, {config.num_attention_heads} heads "
           f"({config.num_key_value_heads} kv), vocab {config.vocab_size}; fp32, {torch.get_num_threads()} threads; "

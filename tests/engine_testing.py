@@ -92,10 +92,14 @@ def _nested(tensors) -> torch.Tensor:
     return torch.nested.as_nested_tensor(list(tensors), layout=torch.jagged)
 
 
-def rollout_batch(groups: Groups, seed: int = 0, temperature=1.0, reuse_prompt: tuple[int, int] | None = None) -> TensorDict:
+def rollout_batch(
+    groups: Groups, seed: int = 0, temperature=1.0, reuse_prompt: tuple[int, int] | None = None, tool_spans: bool = False
+) -> TensorDict:
     """A shuffled GRPO batch as verl's actor receives it; reuse_prompt=(i, j): group j gets group i's prompt.
 
-    `temperature`: a float, or one value per sample in group order (before the shuffle).
+    `temperature`: a float, or one value per sample in group order (before the shuffle). `tool_spans`: the middle
+    third of each response of 3 tokens or more is masked out (response_mask 0), as verl's multi-turn agent loop
+    marks a tool's output inside the response.
     """
     from verl.utils import tensordict_utils as tu
 
@@ -113,7 +117,7 @@ def rollout_batch(groups: Groups, seed: int = 0, temperature=1.0, reuse_prompt: 
         temps = temps[order]
     uids, p, r = zip(*rows)
     ids = [torch.cat(x) for x in zip(p, r)]
-    mask = [torch.ones(len(x), dtype=torch.long) for x in r]
+    mask = [_tool_span_mask(len(x)) if tool_spans else torch.ones(len(x), dtype=torch.long) for x in r]
     fields = {
         "prompts": _nested(p), "responses": _nested(r), "input_ids": _nested(ids),
         "position_ids": _nested(torch.arange(len(x)) for x in ids),
@@ -129,6 +133,12 @@ def rollout_batch(groups: Groups, seed: int = 0, temperature=1.0, reuse_prompt: 
         tu.assign_non_tensor(batch, temperature=temps)
     tu.assign_non_tensor(batch, uid=list(uids))
     return batch
+
+
+def _tool_span_mask(n: int) -> torch.Tensor:
+    mask = torch.ones(n, dtype=torch.long)
+    mask[n // 3 : 2 * n // 3] = 0
+    return mask
 
 
 @dataclasses.dataclass

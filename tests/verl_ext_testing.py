@@ -22,17 +22,24 @@ def main_command(*overrides: str, recipe: str = "demo_cpu") -> list[str]:
 # The learning run (tests/integration/conftest.py): real GRPO steps that several integration tests read.
 LEARNING_STEPS = 12
 ENTROPY_COEFF = 0.001  # the update computes entropy too (tests/integration/test_prefix_grouper_step.py)
+# Micro-batches of 4 samples for the actor's three passes: every group of 8 spans two, so with the prefix grouper
+# on each prompt is encoded once for both (attention/shared_prefix.py), the regime of long prompts and large groups.
+SPLIT_EVERY_GROUP = tuple(
+    f"actor_rollout_ref.{key}=4"
+    for key in ("actor.ppo_micro_batch_size_per_gpu", "ref.log_prob_micro_batch_size_per_gpu", "rollout.log_prob_micro_batch_size_per_gpu")
+)
 
 
 def learning_command(demo_data_dir: Path, out: Path, steps: int, *extra: str) -> list[str]:
-    """The learning run's command: one fixed batch of 8 prompts, full_determinism, a checkpoint every step."""
+    """The learning run's command: one fixed batch of 8 prompts, full_determinism, a checkpoint every step, every
+    group spanning two micro-batches."""
     return main_command(
         f"trainer.total_training_steps={steps}", "data.train_max_samples=8",
         "actor_rollout_ref.rollout.full_determinism=true", f"actor_rollout_ref.actor.entropy_coeff={ENTROPY_COEFF}",
         f"verl_ext.data_dir={demo_data_dir}", f"verl_ext.report_dir={out / 'report'}",
         "trainer.save_freq=1", f"trainer.default_local_dir={out / 'ckpt'}",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
-        "trainer.rollout_data_dir=${trainer.default_local_dir}/rollouts", *extra,
+        "trainer.rollout_data_dir=${trainer.default_local_dir}/rollouts", *SPLIT_EVERY_GROUP, *extra,
     )  # fmt: skip
 
 

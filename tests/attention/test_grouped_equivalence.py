@@ -12,15 +12,24 @@ import types
 import pytest
 import torch
 from attention_testing import (
+    DTYPES,
+    FAMILIES,
+    VOCAB,
+    Case,
+    Result,
+    _result,
     grouped_causal_lm_forward,
     grouped_response_log_probs,
+    make_case,
     response_log_probs,
     standard_causal_lm_forward,
+    standard_result,
+    tiny_model,
     token_log_probs_and_entropy,
+    violations,
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from verl_ext.attention import (
     ATTN_IMPLEMENTATION,
@@ -35,11 +44,6 @@ from verl_ext.attention import (
 )
 from verl_ext.attention.grouped_sdpa import attention_with_lse, grouped_sdpa_attention
 
-VOCAB = 128
-FAMILIES = ["qwen2", "qwen3", "llama"]
-DTYPES = [torch.float64, torch.float32]
-
-
 @pytest.fixture(autouse=True, scope="module")
 def one_intra_op_thread():
     """These matrices are tiny: intra-op threads cost more than they give (5x slower on a shared 2-core box)."""
@@ -47,119 +51,6 @@ def one_intra_op_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-# ---------------------------------------------------------------- comparison helper
-
-
-@dataclasses.dataclass
-class Result:
-    log_probs: torch.Tensor  # [sum_i Lr_i]
-    entropy: torch.Tensor  # [sum_i Lr_i]
-    grads: dict[str, torch.Tensor]  # parameter name -> d loss / d parameter
-
-
-def _result(model, log_probs, entropy) -> Result:
-    """Backward of a weighted sum of response log-probs and entropies (fixed weights)."""
-    lp, ent = torch.cat(log_probs), torch.cat(entropy)
-    g = torch.Generator().manual_seed(1234)
-    w_lp, w_ent = (torch.randn(len(lp), generator=g).to(lp.dtype) for _ in range(2))
-    loss = (w_lp * lp).sum() + 0.1 * (w_ent * ent).sum()
-    named = list(model.named_parameters())
-    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-    grads = {n: torch.zeros_like(p) if gr is None else gr for (n, p), gr in zip(named, grads)}
-    return Result(lp.detach(), ent.detach(), grads)
-
-
-def violations(got: Result, ref: Result, dtype: torch.dtype) -> list[str]:
-    """Every tensor whose difference exceeds the budget for `dtype` (empty list = equal).
-
-    fp32 is relative, max|a - b| / max|b|, except that a gradient's denominator is floored at 5%
-    of the largest reference gradient. A gradient that is analytically zero (q_proj when every loss
-    row sees a single key: dS = P * (dP - rowsum(dO * O)) cancels) is pure rounding noise, which
-    the two forwards round differently (torch's CPU SDPA backward even differs between a 1-token
-    and a 2-token causal block). In the non-degenerate cases every parameter's largest gradient is
-    above 5% of the largest overall (7.6% at the least, seen), so the floor changes nothing there.
-    """
-    pairs = {"log_probs": (got.log_probs, ref.log_probs), "entropy": (got.entropy, ref.entropy)}
-    pairs |= {f"grad {n}": (got.grads[n], ref.grads[n]) for n in ref.grads}
-    grad_floor = 0.05 * max(g.abs().max().item() for g in ref.grads.values())
-    bad = []
-    for name, (a, b) in pairs.items():
-        err = (a - b).abs().max().item() if a.numel() else 0.0
-        if dtype == torch.float64 and not err <= 1e-10:
-            bad.append(f"{name}: max abs diff {err:.3g} > 1e-10")
-        scale = max(b.abs().max().item() if b.numel() else 0.0, grad_floor if name.startswith("grad") else 0.0)
-        if dtype == torch.float32 and not err <= 1e-5 * scale:
-            bad.append(f"{name}: max rel diff {err / max(scale, 1e-30):.3g} > 1e-5")
-    return bad
-
-
-# ---------------------------------------------------------------- models and cases
-
-
-@functools.cache
-def tiny_model(family: str, dtype: torch.dtype):
-    common = dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=1024,
-        initializer_range=0.2,  # the default 0.02 gives near-uniform attention, a weak test of the mask
-    )
-    config = {"qwen2": Qwen2Config, "qwen3": functools.partial(Qwen3Config, head_dim=16), "llama": LlamaConfig}[family]
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config(**common), attn_implementation="sdpa").to(dtype)
-    if dtype == torch.float64:
-        _rms_norms_in_fp64(model)
-    return model
-
-
-def _rms_norm_in_input_dtype(self, x):
-    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-
-def _rms_norms_in_fp64(model):
-    """transformers' RMSNorms compute in fp32 whatever the input dtype (`x.to(torch.float32)`), so an
-    fp64 model still rounds to fp32 there, in the backward too, and the two forwards, which sum the
-    members' prefix gradients at different points, would differ at ~1e-8. The fp64 test models
-    compute the norm in fp64 instead (same module, same weights, for both forwards)."""
-    for module in model.modules():
-        if type(module).__name__.endswith("RMSNorm"):
-            module.forward = types.MethodType(_rms_norm_in_input_dtype, module)
-
-
-@dataclasses.dataclass
-class Case:
-    prompts: list[torch.Tensor]
-    responses: list[torch.Tensor]
-    uids: list[str]
-
-
-def make_case(groups: list[tuple[str, int, list[int]]], seed: int = 0, shuffle: bool = True, reuse_prompt: int | None = None) -> Case:
-    """groups: (uid, prompt_len, response_lens); reuse_prompt=j gives the last group group j's prompt tokens."""
-    g = torch.Generator().manual_seed(seed)
-    group_prompts = [torch.randint(1, VOCAB, (lp,), generator=g) for _, lp, _ in groups]
-    if reuse_prompt is not None:
-        group_prompts[-1] = group_prompts[reuse_prompt].clone()
-    prompts, responses, uids = [], [], []
-    for (uid, _, lens), prompt in zip(groups, group_prompts):
-        prompts += [prompt] * len(lens)
-        responses += [torch.randint(1, VOCAB, (n,), generator=g) for n in lens]
-        uids += [uid] * len(lens)
-    order = torch.randperm(len(prompts), generator=g).tolist() if shuffle else range(len(prompts))
-    return Case([prompts[i] for i in order], [responses[i] for i in order], [uids[i] for i in order])
-
-
-def standard_result(model, case: Case, one_at_a_time: bool = False) -> Result:
-    if one_at_a_time:
-        logits = [standard_causal_lm_forward(model, [p], [r])[0] for p, r in zip(case.prompts, case.responses)]
-    else:
-        logits = standard_causal_lm_forward(model, case.prompts, case.responses)
-    return _result(model, *response_log_probs(logits, case.responses))
 
 
 def grouped_result(model, case: Case, layout: str) -> Result:

@@ -1,4 +1,5 @@
-"""One real GRPO step through `python -m verl_ext.main`, with actor.use_prefix_grouper on and off.
+"""One real GRPO step through `python -m verl_ext.main`, with actor.use_prefix_grouper on and off, under
+micro-batches of 4 samples: every group of 8 spans two, and with the flag on its prompt is encoded once for both.
 
 The "on" side is step 1 of the learning run (tests/integration/conftest.py: demo_cpu, which turns the flag on,
 checkpointed every step); the "off" side is the same command for one step with the flag off, run beside it. Same seed, same
@@ -39,6 +40,7 @@ def test_one_grpo_step_equal_with_and_without_prefix_grouper(learning_runs, demo
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/entropy_loss", "actor/kl_loss"):
         assert on[key] == pytest.approx(off[key], rel=1e-5, abs=1e-7), key
     assert on["actor/prefix_grouper/token_ratio"] < 0.5 and "actor/prefix_grouper/token_ratio" not in off
+    assert on["actor/prefix_grouper/shared_groups"] == 8  # every group's prompt read by two micro-batches
     start = _warm_start_weights(demo_data_dir)
     assert max((w_off[k] - start[k]).abs().max().item() for k in w_off) > LR / 2  # the update happened
     for name in w_off:

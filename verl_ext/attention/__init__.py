@@ -7,6 +7,7 @@ Modules, one job each:
     grouped_flash the same on flash-attn varlen kernels (CUDA, imported lazily)
     interface     register it with transformers' AttentionInterface; scoped switch of a model
     forward       model-level entry points: lay samples out as a grouped stream, run the model on it
+    shared_prefix one prompt encoded once for a group whose responses run in several micro-batches
 """
 
 from verl_ext.attention.forward import grouped_logits, prepare_grouped_batch

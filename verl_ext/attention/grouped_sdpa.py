@@ -233,14 +233,19 @@ def grouped_sdpa_attention(
     value: torch.Tensor,  # [B, Hkv, S, D]
     meta: GroupedAttentionMeta,
     scale: float,
+    shared_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # ([1, Hkv, Lp, D],) * 2: the prefix the responses read
 ) -> torch.Tensor:
     """[B, S, H, D] grouped attention output; tokens in no segment (pads) get zeros."""
     b, h, s, d = query.shape
     q, k, v = _tokens(query), _tokens(key), _tokens(value)
     dense = meta.dense
-    qp, kp, vp = (_gather_blocks(x, dense.prefix_index) for x in (q, k, v))
-    o_p = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale, enable_gqa=True)
-    out = q.new_zeros(b * s, h, d).index_copy(0, meta.prefix_tokens, _scatter_rows(o_p, dense.prefix_slots))
+    out = q.new_zeros(b * s, h, d)
+    if shared_kv is not None:
+        kp, vp = (x.to(q.dtype) for x in shared_kv)
+    else:
+        qp, kp, vp = (_gather_blocks(x, dense.prefix_index) for x in (q, k, v))
+        o_p = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale, enable_gqa=True)
+        out = out.index_copy(0, meta.prefix_tokens, _scatter_rows(o_p, dense.prefix_slots))
     if meta.response_tokens.numel():
         rows = dense.cross_rows
         if rows.numel() != kp.shape[0]:  # some groups have only empty responses

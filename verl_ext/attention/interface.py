@@ -43,16 +43,20 @@ def grouped_attention(
     meta: GroupedAttentionMeta,
     scale: float,
     backend: Backend = "auto",
+    shared_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # ([1, Hkv, Lp, D],) * 2 when meta reads a shared prefix
 ) -> torch.Tensor:
     """[B, S, H, D]. "auto" takes flash-attn when it can run these tensors, else pure PyTorch."""
-    reason = flash_unusable_reason(query) if backend != "sdpa" else "sdpa requested"
+    if shared_kv is not None:
+        reason = "the flash path does not read a shared prefix yet"
+    else:
+        reason = flash_unusable_reason(query) if backend != "sdpa" else "sdpa requested"
     if backend == "flash" and reason is not None:
         raise RuntimeError(f"grouped flash attention requested but unusable: {reason}")
     if reason is None:
         return grouped_flash_attention(query, key, value, meta, scale)
     if query.is_cuda and backend == "auto":
         _log_fallback_once(reason)
-    return grouped_sdpa_attention(query, key, value, meta, scale)
+    return grouped_sdpa_attention(query, key, value, meta, scale, shared_kv)
 
 
 @functools.cache
@@ -84,7 +88,17 @@ def grouped_attention_forward(
     if kwargs.get("sliding_window"):
         raise NotImplementedError("grouped attention does not implement sliding-window layers")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return grouped_attention(query, key, value, meta, scale), None
+    if meta.records_prefix is not None:
+        meta.records_prefix.record(_layer_index(module), key, value)
+    shared_kv = None if meta.reads_prefix is None else meta.reads_prefix.layer(_layer_index(module))
+    return grouped_attention(query, key, value, meta, scale, shared_kv=shared_kv), None
+
+
+def _layer_index(module: torch.nn.Module) -> int:
+    index = getattr(module, "layer_idx", None)
+    if not isinstance(index, int):
+        raise NotImplementedError(f"{type(module).__name__} has no layer_idx: a shared prefix cannot tell its layers apart")
+    return index
 
 
 def register() -> None:

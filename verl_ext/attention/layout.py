@@ -11,6 +11,11 @@ each token sees the rotary phase it has in the standard row [prompt; response].
 
 Attention metadata is in flat token coordinates (row-major over [B, S]). A group's responses sit
 right after its prefix in both layouts, so "all response tokens of group g" is one contiguous run.
+
+A batch that reads a shared prefix (`reads_prefix`, shared_prefix.py: the responses of one group
+whose prompt ran in a pass of its own) holds that group's responses only, positions still starting
+at Lp; their cross part attends to the shared keys/values, and the prefix's last logits predict
+each response's first token (row `num_tokens` of the flat outputs, see `response_predictions`).
 """
 
 import dataclasses
@@ -18,11 +23,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from verl_ext.attention.groups import GroupPlan, TokenSeq, as_token_list
+
+if TYPE_CHECKING:
+    from verl_ext.attention.shared_prefix import SharedPrefix
 
 Layout = Literal["packed", "padded"]
 
@@ -55,7 +65,8 @@ class VarlenSegments:
     cross_cu_seqlens_k: torch.Tensor  # [n_cross + 1] int32 over cross_key_tokens
     max_cross_q: int
     max_cross_k: int
-    cross_key_tokens: torch.Tensor  # [sum of Lp over groups with a response] flat token index
+    cross_key_tokens: torch.Tensor  # [sum of Lp over groups with a response] flat token index (of the shared keys
+    # when the batch reads a shared prefix)
 
 
 @dataclass(frozen=True)
@@ -67,6 +78,8 @@ class GroupedAttentionMeta:
     response_tokens: torch.Tensor  # [n_response_tokens] flat index, stream order
     dense: DenseSegments
     varlen: VarlenSegments
+    records_prefix: "SharedPrefix | None" = None  # a pass over one prompt alone: each layer records its keys/values
+    reads_prefix: "SharedPrefix | None" = None  # the cross part attends to these keys/values, not the stream's
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,7 @@ class GroupedBatch:
     sample_index: torch.Tensor  # [sum_i (Lp_i + Lr_i)] flat index of each standard token, samples in order
     sample_lens: tuple[int, ...]  # [n_samples] Lp_i + Lr_i
     predictor_index: torch.Tensor  # [sum_i Lr_i] flat index of the output predicting each response token
+    # (num_tokens: the shared prefix's last logits)
     response_lens: tuple[int, ...]  # [n_samples]
 
     def to(self, device: torch.device | str) -> "GroupedBatch":
@@ -119,7 +133,8 @@ class _Spans:
     """Where each group's prefix and each sample's response start, flat coordinates."""
 
     prefix_start: np.ndarray  # [n_groups]
-    prefix_len: np.ndarray  # [n_groups]
+    prefix_len: np.ndarray  # [n_groups] prompt tokens in the stream (0 for a shared prefix)
+    prompt_len: np.ndarray  # [n_groups] prompt tokens: the keys a response's cross part sees, its first position
     resp_start: np.ndarray  # [n_samples] in stream order
     resp_len: np.ndarray  # [n_samples]
     resp_group: np.ndarray  # [n_samples]
@@ -130,17 +145,19 @@ class _Spans:
     padded: bool
 
 
-def _spans(plan: GroupPlan, layout: Layout) -> _Spans:
-    group_lens = [g.prompt_len + sum(g.response_lens) for g in plan.groups]
+def _spans(plan: GroupPlan, layout: Layout, prefix_in_stream: bool) -> _Spans:
+    prompt_len = np.array([g.prompt_len for g in plan.groups])
+    prefix_len = prompt_len if prefix_in_stream else np.zeros_like(prompt_len)
+    group_lens = [int(lp) + sum(g.response_lens) for lp, g in zip(prefix_len, plan.groups)]
+    # max(1, ..): a part of a shared group whose responses are all empty still runs (one pad token)
     if layout == "packed":
-        rows, row_len = 1, sum(group_lens)
+        rows, row_len = 1, max(1, sum(group_lens))
         prefix_start = np.cumsum([0] + group_lens[:-1])
     elif layout == "padded":
-        rows, row_len = len(group_lens), max(group_lens)
+        rows, row_len = len(group_lens), max(1, max(group_lens))
         prefix_start = np.arange(rows) * row_len
     else:
         raise ValueError(f"layout must be 'packed' or 'padded', got {layout!r}")
-    prefix_len = np.array([g.prompt_len for g in plan.groups])
     resp_len = np.array([n for g in plan.groups for n in g.response_lens], dtype=np.int64)
     resp_group = np.repeat(np.arange(len(plan.groups)), [len(g.members) for g in plan.groups])
     within = np.cumsum(resp_len) - resp_len  # offset from the start of the stream's responses
@@ -149,8 +166,9 @@ def _spans(plan: GroupPlan, layout: Layout) -> _Spans:
     resp_sample = np.array([m for g in plan.groups for m in g.members], dtype=np.int64)
     cross_len = np.array([sum(g.response_lens) for g in plan.groups], dtype=np.int64)
     return _Spans(
-        prefix_start, prefix_len, resp_start, resp_len, resp_group, resp_sample, cross_len, rows, row_len, layout == "padded"
-    )
+        prefix_start, prefix_len, prompt_len, resp_start, resp_len, resp_group, resp_sample, cross_len, rows, row_len,
+        layout == "padded",
+    )  # fmt: skip
 
 
 def _dense(s: _Spans) -> DenseSegments:
@@ -178,23 +196,25 @@ def _dense(s: _Spans) -> DenseSegments:
 
 def _varlen(s: _Spans) -> VarlenSegments:
     used = s.prefix_start + s.prefix_len + s.cross_len  # end of each group's tokens
-    # In the padded layout each row's trailing pads form one more (never read) segment.
-    pad_starts = used[used < s.prefix_start + s.row_len] if s.padded else np.zeros(0, np.int64)
-    starts = np.sort(np.concatenate([s.prefix_start, s.resp_start[s.resp_len > 0], pad_starts]))
+    # Each row's trailing pads form one more (never read) segment.
+    ends, row_ends = (used, s.prefix_start + s.row_len) if s.padded else (used[-1:], np.array([s.row_len]))
+    pad_starts = ends[ends < row_ends]
+    prefixes = s.prefix_start[s.prefix_len > 0]
+    starts = np.sort(np.concatenate([prefixes, s.resp_start[s.resp_len > 0], pad_starts]))
     bounds = np.concatenate([starts, [s.rows * s.row_len]])
     cross_groups = np.flatnonzero(s.cross_len)
     return VarlenSegments(
         segment_cu_seqlens=torch.as_tensor(bounds.astype(np.int32)),
         max_segment_len=int(np.diff(bounds).max()),
         cross_cu_seqlens_q=_cu(s.cross_len[cross_groups]),
-        cross_cu_seqlens_k=_cu(s.prefix_len[cross_groups]),
+        cross_cu_seqlens_k=_cu(s.prompt_len[cross_groups]),
         max_cross_q=int(s.cross_len.max()),
-        max_cross_k=int(s.prefix_len[cross_groups].max(initial=0)),
-        cross_key_tokens=_long(_ranges(s.prefix_start[cross_groups], s.prefix_len[cross_groups])),
+        max_cross_k=int(s.prompt_len[cross_groups].max(initial=0)),
+        cross_key_tokens=_long(_ranges(s.prefix_start[cross_groups], s.prompt_len[cross_groups])),
     )
 
 
-def _attention_meta(s: _Spans) -> GroupedAttentionMeta:
+def _attention_meta(s: _Spans, records_prefix, reads_prefix) -> GroupedAttentionMeta:
     live = s.resp_len > 0
     return GroupedAttentionMeta(
         num_tokens=s.rows * s.row_len,
@@ -202,6 +222,8 @@ def _attention_meta(s: _Spans) -> GroupedAttentionMeta:
         response_tokens=_long(_ranges(s.resp_start[live], s.resp_len[live])),
         dense=_dense(s),
         varlen=_varlen(s),
+        records_prefix=records_prefix,
+        reads_prefix=reads_prefix,
     )
 
 
@@ -211,25 +233,33 @@ def build_grouped_batch(
     responses: Sequence[TokenSeq],  # n_samples x [Lr_i]
     layout: Layout = "packed",
     pad_token_id: int = 0,
+    records_prefix: "SharedPrefix | None" = None,  # `plan` is one prompt alone, whose keys/values this records
+    reads_prefix: "SharedPrefix | None" = None,  # `plan` is one group whose prompt ran apart, into this
 ) -> GroupedBatch:
     """Lay out `plan`'s groups as one grouped stream (host-side; call `.to(device)` after)."""
     if not plan.groups:
         raise ValueError("cannot lay out an empty batch")
-    s = _spans(plan, layout)
+    if (records_prefix or reads_prefix) and len(plan.groups) != 1:
+        raise ValueError(f"a shared prefix belongs to one group; the batch has {len(plan.groups)}")
+    if reads_prefix is not None and not torch.equal(torch.as_tensor(as_token_list(prompts[plan.groups[0].members[0]])),
+                                                    reads_prefix.prompt.cpu()):
+        raise ValueError("the batch's prompt is not the shared prefix it would read")
+    s = _spans(plan, layout, prefix_in_stream=reads_prefix is None)
     ids = np.full(s.rows * s.row_len, pad_token_id, dtype=np.int64)
     pos = np.zeros(s.rows * s.row_len, dtype=np.int64)
     for g, group in enumerate(plan.groups):
         lo, n = s.prefix_start[g], s.prefix_len[g]
-        ids[lo : lo + n] = as_token_list(prompts[group.members[0]])
-        pos[lo : lo + n] = np.arange(n)
+        if n:  # a shared prefix's prompt is not in the stream
+            ids[lo : lo + n] = as_token_list(prompts[group.members[0]])
+            pos[lo : lo + n] = np.arange(n)
     for sample, start, n, g in zip(s.resp_sample, s.resp_start, s.resp_len, s.resp_group):
         ids[start : start + n] = as_token_list(responses[sample])
-        pos[start : start + n] = s.prefix_len[g] + np.arange(n)
+        pos[start : start + n] = s.prompt_len[g] + np.arange(n)
     return GroupedBatch(
         layout=layout,
         input_ids=torch.as_tensor(ids).view(s.rows, s.row_len),
         position_ids=torch.as_tensor(pos).view(s.rows, s.row_len),
-        attention=_attention_meta(s),
+        attention=_attention_meta(s, records_prefix, reads_prefix),
         **_sample_maps(s),
     )
 
@@ -243,12 +273,14 @@ def _sample_maps(s: _Spans) -> dict:
     order = np.argsort(s.resp_sample)  # stream order -> batch order
     p_start, p_len = s.prefix_start[s.resp_group][order], s.prefix_len[s.resp_group][order]
     r_start, r_len = s.resp_start[order], s.resp_len[order]
-    # The prompt's last output predicts response token 0; response token k-1's output predicts token k.
+    # The prompt's last output predicts response token 0 (a shared prefix's is row rows * row_len, one past
+    # the stream); response token k-1's output predicts token k.
     has_response = np.minimum(r_len, 1)
+    last_prompt = np.where(p_len > 0, p_start + p_len - 1, s.rows * s.row_len)
     return dict(
         sample_index=_long(_ranges(_interleave(p_start, r_start), _interleave(p_len, r_len))),
         sample_lens=tuple(int(n) for n in p_len + r_len),
-        predictor_index=_long(_ranges(_interleave(p_start + p_len - 1, r_start), _interleave(has_response, r_len - has_response))),
+        predictor_index=_long(_ranges(_interleave(last_prompt, r_start), _interleave(has_response, r_len - has_response))),
         response_lens=tuple(int(n) for n in r_len),
     )
 
@@ -264,19 +296,26 @@ def ungroup(
     with zeros. Every member's prompt positions read the shared prefix's outputs; the backward of
     the gather sums their gradients into the prefix, as the standard forward would.
     """
+    if batch.attention.reads_prefix is not None:
+        raise ValueError("a batch that reads a shared prefix holds no prompt outputs to ungroup; use response_predictions")
     flat = x.reshape(batch.attention.num_tokens, *x.shape[2:]).index_select(0, batch.sample_index)
     per_sample = list(flat.split(batch.sample_lens))
     return pad_sequence(per_sample, batch_first=True) if padded else per_sample
 
 
 def response_predictions(
-    x: torch.Tensor,  # [B, S, ...] per-token outputs of the grouped stream
+    x: torch.Tensor,  # [B, S, ...] per-token outputs of the grouped stream (logits, for a batch reading a shared prefix)
     batch: GroupedBatch,
 ) -> torch.Tensor:
     """[sum_i Lr_i, ...]: the output that predicts each response token, samples in batch order.
 
     Row k of sample i is the standard forward's output at position Lp_i - 1 + k. Split it with
     `batch.response_lens`. Cheaper than `ungroup` when only response log-probs are needed: no
-    per-member copies of the prompt's outputs.
+    per-member copies of the prompt's outputs. In a batch reading a shared prefix the first token's
+    predictor is the prefix's last logits.
     """
-    return x.reshape(batch.attention.num_tokens, *x.shape[2:]).index_select(0, batch.predictor_index)
+    flat = x.reshape(batch.attention.num_tokens, *x.shape[2:])
+    shared = batch.attention.reads_prefix
+    if shared is not None:
+        flat = torch.cat([flat, shared.last_logits.to(flat.dtype).view(1, *x.shape[2:])])
+    return flat.index_select(0, batch.predictor_index)

@@ -107,10 +107,13 @@ class NoHostOffload:
 
 
 def forward_backward_batch(
-    engine, data: TensorDict, loss_function, forward_only: bool, micro_batch_indices: list[list[int]]
+    engine, data: TensorDict, loss_function, forward_only: bool, micro_batch_indices: list[list[int]], hooks=None
 ) -> dict:
     """``FSDPEngine.forward_backward_batch``, copied, with the micro-batches given as lists of sample indices
-    (verl cuts its own with ``prepare_micro_batches``). Returns verl's output: samples in micro-batch order."""
+    (verl cuts its own with ``prepare_micro_batches``). Returns verl's output: samples in micro-batch order.
+
+    ``hooks``: ``before(i)`` runs before micro-batch i, ``after(i)`` after its backward, inside its gradient-sync
+    context (so that a backward it runs after the last micro-batch is synchronised as the last one is)."""
     tu.assign_non_tensor(data, sp_size=engine.ulysses_sequence_parallel_size)
     return_model_output = tu.get_non_tensor_data(data=data, key="return_model_output", default=False)
     batch_num_tokens = data["loss_mask"].sum().to(get_device_id())  # the loss is normalised over all dp ranks
@@ -125,12 +128,16 @@ def forward_backward_batch(
     for i, micro_batch in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
         sync_ctx = nullcontext() if forward_only else engine._gradient_sync_context(is_last_micro_batch=last)
+        if hooks is not None:
+            hooks.before(i)
         with grad_ctx, sync_ctx, torch.profiler.record_function(f"micro_batch{i}"):
             loss, meta_info = engine.forward_step(micro_batch, loss_function=loss_function, forward_only=forward_only)
             if not forward_only:
                 (scaler.scale(loss) if scaler is not None else loss).backward()
                 if not return_model_output:
                     meta_info.pop("model_output", None)  # kept, it would hold every micro-batch's outputs
+            if hooks is not None:
+                hooks.after(i)
         output_lst.append(meta_info)
     return postprocess_batch_func(output_lst=output_lst, indices=micro_batch_indices, data=data)
 

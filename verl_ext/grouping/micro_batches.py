@@ -4,24 +4,32 @@ verl's splitter (`prepare_micro_batches`) cuts single samples: fixed chunks of
 `micro_batch_size_per_gpu`, or a `max_token_len_per_gpu` budget in which every sample pays for its
 own prompt. Here the unit is a group, and a token budget counts a shared prompt once:
 
-    fixed    capacity = micro_batch_size_per_gpu samples; parts balanced by sample count
-    dynamic  capacity = max_token_len_per_gpu grouped tokens; parts balanced by verl's workload
+    fixed    capacity = micro_batch_size_per_gpu samples (a prompt takes none)
+    dynamic  capacity = max_token_len_per_gpu grouped tokens; groups balanced by verl's workload
 
-The rule is verl's dynamic one on groups: start from the fewest micro-batches the capacity allows
-(the largest count over data-parallel ranks, which must all run the same number of forwards),
-partition with verl's Karmarkar-Karp balancer, and add a micro-batch until every part fits. A group
-is cut only when it alone exceeds the capacity, or when a rank has fewer groups than the agreed
-count; each part is then grouped on its own, which is still exact.
+A group that fits goes whole into one micro-batch. The rule for those is verl's dynamic one on
+groups: start from the fewest micro-batches the capacity allows, partition with verl's
+Karmarkar-Karp balancer, and add a micro-batch until every part fits.
+
+A group that does not fit is *shared*: its prompt runs once on its own (attention/shared_prefix.py)
+and its responses are cut into consecutive parts that each fit the capacity without the prompt.
+Each part is a micro-batch of its own, and a shared group's parts run one after another (only one
+prompt's keys/values are held at a time). A sample is refused only when its prompt or its response
+alone exceeds the capacity.
+
+Data-parallel ranks run the same number of micro-batches (every forward is a collective under
+FSDP): the count is the largest over the ranks, and a rank short of parts halves its largest unit.
 """
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions
 
 from verl_ext.attention.groups import PrefixGroup
-from verl_ext.grouping.costs import split_group
+from verl_ext.grouping.costs import grouped_workload, split_group
 
 Cost = Callable[[PrefixGroup], int]
 
@@ -45,22 +53,63 @@ class _SingleRank:
 LOCAL: Agreement = _SingleRank()
 
 
-def plan_micro_batches(
-    groups: Sequence[PrefixGroup],
-    capacity: int,
-    cost: Cost,  # what a group takes of the capacity
-    weight: Cost,  # what the balancer evens out
-    agreement: Agreement = LOCAL,
-) -> list[list[int]]:
-    """Sample indices of each micro-batch, group members next to each other."""
-    _check_samples_fit(groups, capacity, cost, agreement)
-    units = [piece for group in groups for piece in _fit(group, capacity, cost)]
-    count = agreement.max(max(1, math.ceil(sum(cost(u) for u in units) / capacity)))
+@dataclass(frozen=True)
+class Budget:
+    """What a micro-batch may hold, and what a group takes of it."""
+
+    capacity: int
+    prompt: Cost  # a group's prompt (what a pass over the prompt alone takes)
+    responses: Cost  # its responses
+    weight: Cost  # what the balancer evens out over micro-batches of whole groups
+
+    def whole(self, group: PrefixGroup) -> int:
+        return self.prompt(group) + self.responses(group)
+
+
+def token_budget(max_tokens: int) -> Budget:
+    """verl's dynamic batch size: tokens of the grouped stream, the prompt once."""
+    return Budget(max_tokens, lambda g: g.prompt_len, lambda g: sum(g.response_lens), grouped_workload)
+
+
+def sample_budget(max_samples: int) -> Budget:
+    """verl's fixed micro-batch size: samples."""
+    return Budget(max_samples, lambda g: 0, _num_samples, _num_samples)
+
+
+def _num_samples(group: PrefixGroup) -> int:
+    return len(group.members)
+
+
+@dataclass(frozen=True)
+class MicroBatchPlan:
+    parts: list[list[int]]  # sample indices of each micro-batch in the order they run, group members adjacent
+    shared: list[int | None]  # [len(parts)] the shared group a part holds responses of (index into the groups)
+
+    def opens(self, i: int) -> bool:
+        """Part i is the first of its shared group: the group's prompt runs before it."""
+        return self.shared[i] is not None and (i == 0 or self.shared[i - 1] != self.shared[i])
+
+    def closes(self, i: int) -> bool:
+        """Part i is the last of its shared group."""
+        last = i == len(self.parts) - 1
+        return self.shared[i] is not None and (last or self.shared[i + 1] != self.shared[i])
+
+
+def plan_micro_batches(groups: Sequence[PrefixGroup], budget: Budget, agreement: Agreement = LOCAL) -> MicroBatchPlan:
+    """Micro-batches of whole groups, then each shared group's parts."""
+    _check_samples_fit(groups, budget, agreement)
+    whole = [g for g in groups if budget.whole(g) <= budget.capacity]
+    shared = [(i, part) for i, g in enumerate(groups) if budget.whole(g) > budget.capacity for part in _parts(g, budget)]
+    count = agreement.max(len(shared) + math.ceil(sum(map(budget.whole, whole)) / budget.capacity))
+    count = max(count, 1)
     while True:
-        units = _at_least(units, count)
-        parts = get_seqlen_balanced_partitions([weight(u) for u in units], count, equal_size=False)
-        if agreement.all(all(sum(cost(units[i]) for i in part) <= capacity for part in parts)):
-            return [[m for i in part for m in units[i].members] for part in parts]
+        units, shared = _at_least(whole, shared, count)
+        n_whole = count - len(shared)
+        parts = get_seqlen_balanced_partitions([budget.weight(u) for u in units], n_whole, equal_size=False) if n_whole else []
+        fits = all(sum(budget.whole(units[i]) for i in part) <= budget.capacity for part in parts)
+        if agreement.all(fits):
+            whole_parts = [[m for i in part for m in units[i].members] for part in parts]
+            return MicroBatchPlan(whole_parts + [list(p.members) for _, p in shared], [None] * n_whole + [i for i, _ in shared])
         count += 1
 
 
@@ -68,39 +117,46 @@ def _single(group: PrefixGroup, k: int) -> PrefixGroup:
     return PrefixGroup((group.members[k],), group.prompt_len, (group.response_lens[k],))
 
 
-def _check_samples_fit(groups, capacity, cost, agreement) -> None:
-    worst = max((cost(_single(g, k)) for g in groups for k in range(len(g.members))), default=0)
-    if not agreement.all(worst <= capacity):  # agreed first: a rank raising alone would hang the others
+def _check_samples_fit(groups: Sequence[PrefixGroup], budget: Budget, agreement: Agreement) -> None:
+    # a prompt runs apart when it must, so a sample fits when its prompt and its response each fit
+    need = max((max(budget.prompt(g), budget.responses(_single(g, k))) for g in groups for k in range(len(g.members))), default=0)
+    if not agreement.all(need <= budget.capacity):  # agreed first: a rank raising alone would hang the others
         raise ValueError(
-            f"a sample needs {worst} of a micro-batch capacity of {capacity} on some rank; raise "
-            "ppo_max_token_len_per_gpu / log_prob_max_token_len_per_gpu above the longest prompt + response"
+            f"a prompt or a response needs {need} of a micro-batch capacity of {budget.capacity} on some rank; raise "
+            "ppo_max_token_len_per_gpu / log_prob_max_token_len_per_gpu above the longest prompt and the longest response"
         )
 
 
-def _fit(group: PrefixGroup, capacity: int, cost: Cost) -> list[PrefixGroup]:
-    """`group` cut into consecutive pieces of at most `capacity`, each as large as possible."""
-    pieces = []
-    while cost(group) > capacity:
-        at = max(k for k in range(1, len(group.members)) if cost(split_group(group, k)[0]) <= capacity)
+def _parts(group: PrefixGroup, budget: Budget) -> list[PrefixGroup]:
+    """`group`'s responses cut into consecutive parts that fit the capacity without the prompt, each as large as possible."""
+    parts = []
+    while budget.responses(group) > budget.capacity:
+        at = max(k for k in range(1, len(group.members)) if budget.responses(split_group(group, k)[0]) <= budget.capacity)
         head, group = split_group(group, at)
-        pieces.append(head)
-    return pieces + [group]
+        parts.append(head)
+    return parts + [group]
 
 
-def _at_least(units: list[PrefixGroup], count: int) -> list[PrefixGroup]:
-    """Halve the largest unit until there are `count` units (the balancer needs one per part)."""
-    units = list(units)
-    while len(units) < count:
-        largest = max(range(len(units)), key=lambda i: len(units[i].members))
-        size = len(units[largest].members)
+def _at_least(whole: list[PrefixGroup], shared: list[tuple[int, PrefixGroup]], count: int):
+    """(whole units, shared parts) making up `count` micro-batches, while there are fewer whole units than whole
+    micro-batches: the largest shared part halved (that costs no prompt), else the largest whole unit (each half
+    runs its prompt)."""
+    whole, shared = list(whole), list(shared)
+    while len(whole) < count - len(shared):
+        units = [(len(u.members), k, None) for k, u in enumerate(whole)] + [(len(p.members), k, i) for k, (i, p) in enumerate(shared)]
+        size, k, group = max(units, key=lambda u: (u[2] is not None and u[0] > 1, u[0]), default=(0, 0, None))
         if size < 2:
-            raise ValueError(f"cannot make {count} micro-batches from {len(units)} samples")
-        units[largest : largest + 1] = split_group(units[largest], size // 2)
-    return units
+            raise ValueError(f"cannot make {count} micro-batches from {sum(u[0] for u in units)} samples")
+        if group is None:
+            whole[k : k + 1] = split_group(whole[k], size // 2)
+        else:
+            shared[k : k + 1] = [(group, half) for half in split_group(shared[k][1], size // 2)]
+    return whole, shared
 
 
-def stream_tokens(groups: Sequence[PrefixGroup], parts: Sequence[Sequence[int]]) -> int:
-    """Tokens the grouped streams of `parts` hold: each group's prompt once per part it appears in."""
-    part_of = {m: k for k, part in enumerate(parts) for m in part}
-    prompts = {(i, part_of[m]): g.prompt_len for i, g in enumerate(groups) for m in g.members}
-    return sum(prompts.values()) + sum(sum(g.response_lens) for g in groups)
+def stream_tokens(groups: Sequence[PrefixGroup], plan: MicroBatchPlan) -> int:
+    """Tokens the plan's forwards hold: a prompt once per micro-batch of whole groups it appears in, a shared
+    group's prompt once."""
+    part_of = {m: k for k, part in enumerate(plan.parts) for m in part}
+    runs = {(i, None if plan.shared[part_of[m]] is not None else part_of[m]) for i, g in enumerate(groups) for m in g.members}
+    return sum(groups[i].prompt_len for i, _ in runs) + sum(sum(g.response_lens) for g in groups)

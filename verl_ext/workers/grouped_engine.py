@@ -3,9 +3,10 @@
 Registered in verl's EngineRegistry under backend names of its own (grouped_config), on cpu and cuda;
 verl_ext's TrainingWorker asks for them when `actor.use_prefix_grouper` is on. What differs from verl
 0.9.1's FSDPEngineWithLMHead, and nothing else:
-- forward_backward_batch: micro-batches of whole groups (verl_ext.grouping.micro_batches), and the
-  model stays in grouped-attention mode through the backward, so activation checkpointing
-  recomputes the grouped attention, not the standard one.
+- forward_backward_batch: micro-batches of whole groups (verl_ext.grouping.micro_batches); a group
+  too large for one micro-batch runs its prompt once apart and its responses in parts that read the
+  prompt's keys/values (shared_prefix_schedule); the model stays in grouped-attention mode through
+  the backward, so activation checkpointing recomputes the grouped attention, not the standard one.
 - forward_step: the grouped stream goes in (packed for use_remove_padding, padded otherwise); only the
   logits that predict response tokens come out, scaled and turned into log-probs / entropy with
   verl's own functions, and are written back in verl's jagged layout (grouped_io).
@@ -30,13 +31,16 @@ from verl.workers.engine.utils import detach_tree
 
 from verl_ext.attention import grouped_attention_mode, grouped_logits, response_predictions
 from verl_ext.compat import verl as verl_compat
-from verl_ext.grouping import grouped_tokens, grouped_workload, plan_micro_batches, stream_tokens
+from verl_ext.grouping import MicroBatchPlan, plan_micro_batches, sample_budget, stream_tokens, token_budget
 from verl_ext.workers.cpu_engines import CPUFSDPEngineWithLMHead
 from verl_ext.workers.grouped_config import GROUPED_BACKENDS, GroupedFSDPEngineConfig
 from verl_ext.workers.grouped_io import GroupedInputs, grouped_inputs, sample_tokens, to_jagged
+from verl_ext.workers.shared_prefix_schedule import SharedPrefixSchedule
 
 # grouped-stream tokens / standard tokens of a batch (1.0: nothing shared); the update reports it as actor/...
 TOKEN_RATIO_METRIC = "prefix_grouper/token_ratio"
+# groups too large for one micro-batch, whose prompt ran once apart for parts on several micro-batches
+SHARED_GROUPS_METRIC = "prefix_grouper/shared_groups"
 
 # Micro-batch options whose outputs the grouped forward does not produce: refused, never ignored.
 _UNSUPPORTED_OPTIONS = ("use_fused_kernels", "distillation_use_topk", "distillation_only", "calculate_sum_pi_squared")
@@ -49,29 +53,39 @@ class _GroupedForward:
         if isinstance(engine_config, GroupedFSDPEngineConfig):
             engine_config = engine_config.as_verl_config()
         super().__init__(model_config, engine_config, optimizer_config, checkpoint_config)
+        self._prefixes: SharedPrefixSchedule | None = None  # set for the duration of forward_backward_batch
 
     # ---- micro-batches -----------------------------------------------------------------------------
 
     def forward_backward_batch(self, data: TensorDict, loss_function, forward_only=False):
         """verl 0.9.1's FSDPEngine.forward_backward_batch (verl_ext.compat.verl) with group-aware micro-batches."""
-        groups = sample_tokens(data).plan.groups
-        indices = self._plan_micro_batches(data, groups)
-        with grouped_attention_mode(self.module):  # held through backward: checkpointed layers recompute grouped
-            output = verl_compat.forward_backward_batch(self, data, loss_function, forward_only, indices)
+        tokens = sample_tokens(data)
+        groups = tokens.plan.groups
+        agreement = _DataParallelAgreement(self.get_data_parallel_group())
+        plan = self._plan_micro_batches(data, groups, agreement)
+        pad_token_id = tu.get_non_tensor_data(data=data, key="pad_token_id", default=0)
+        self._prefixes = SharedPrefixSchedule(
+            self.module, plan, groups, tokens.prompts, not forward_only, agreement, get_device_id(), self._autocast, pad_token_id
+        )
+        try:
+            with grouped_attention_mode(self.module):  # held through backward: checkpointed layers recompute grouped
+                output = verl_compat.forward_backward_batch(self, data, loss_function, forward_only, plan.parts, self._prefixes)
+        finally:
+            self._prefixes = None
         if not tu.get_non_tensor_data(data=data, key="use_dynamic_bsz", default=True):
             # verl restores the sample order only after dynamic batching; ours reorders in both modes
-            output["model_output"] = {k: restore_dynamic_batch(v, indices) for k, v in output["model_output"].items()}
+            output["model_output"] = {k: restore_dynamic_batch(v, plan.parts) for k, v in output["model_output"].items()}
         standard_tokens = sum(g.prompt_len * len(g.members) + sum(g.response_lens) for g in groups)
-        output["metrics"][TOKEN_RATIO_METRIC] = [stream_tokens(groups, indices) / standard_tokens]
+        output["metrics"][TOKEN_RATIO_METRIC] = [stream_tokens(groups, plan) / standard_tokens]
+        output["metrics"][SHARED_GROUPS_METRIC] = [len({g for g in plan.shared if g is not None})]
         return output
 
-    def _plan_micro_batches(self, data: TensorDict, groups) -> list[list[int]]:
+    def _plan_micro_batches(self, data: TensorDict, groups, agreement) -> MicroBatchPlan:
         if tu.get_non_tensor_data(data=data, key="use_dynamic_bsz", default=True):
-            # the token budget counts a shared prompt once
-            capacity, cost, weight = data["max_token_len_per_gpu"], grouped_tokens, grouped_workload
+            budget = token_budget(data["max_token_len_per_gpu"])  # the token budget counts a shared prompt once
         else:
-            capacity, cost, weight = data["micro_batch_size_per_gpu"], _num_samples, _num_samples
-        return plan_micro_batches(groups, capacity, cost, weight, _DataParallelAgreement(self.get_data_parallel_group()))
+            budget = sample_budget(data["micro_batch_size_per_gpu"])
+        return plan_micro_batches(groups, budget, agreement)
 
     # ---- one micro-batch ---------------------------------------------------------------------------
 
@@ -80,7 +94,8 @@ class _GroupedForward:
         use_remove_padding = tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True)
         pad_token_id = tu.get_non_tensor_data(data=micro_batch, key="pad_token_id", default=0)
         layout = "packed" if use_remove_padding else "padded"
-        inputs = grouped_inputs(sample_tokens(micro_batch), layout, pad_token_id, get_device_id())
+        shared = self._prefixes.reading if self._prefixes is not None else None
+        inputs = grouped_inputs(sample_tokens(micro_batch), layout, pad_token_id, get_device_id(), shared)
         micro_batch = micro_batch.to(get_device_id())
 
         with self._autocast():
@@ -124,10 +139,6 @@ class _GroupedForward:
         else:
             fn = self.compute_entropy_from_logits
         return torch.utils.checkpoint.checkpoint(fn, rows) if config.entropy_checkpointing else fn(rows)
-
-
-def _num_samples(group) -> int:
-    return len(group.members)
 
 
 def _refuse_unsupported(micro_batch: TensorDict) -> None:

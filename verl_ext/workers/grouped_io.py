@@ -22,6 +22,7 @@ from verl.utils import tensordict_utils as tu
 
 from verl_ext.attention import GroupedBatch, GroupPlan, build_grouped_batch, find_groups
 from verl_ext.attention.layout import Layout
+from verl_ext.attention.shared_prefix import SharedPrefix
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,11 @@ def _check_positions(position_ids: torch.Tensor, offsets: torch.Tensor) -> None:
         raise ValueError("use_prefix_grouper needs position_ids 0..L-1 in every sample")
 
 
-def grouped_inputs(tokens: SampleTokens, layout: Layout, pad_token_id: int, device) -> GroupedInputs:
-    batch = build_grouped_batch(tokens.plan, tokens.prompts, tokens.responses, layout, pad_token_id)
+def grouped_inputs(
+    tokens: SampleTokens, layout: Layout, pad_token_id: int, device, reads_prefix: SharedPrefix | None = None
+) -> GroupedInputs:
+    """`reads_prefix`: the micro-batch is part of one group whose prompt ran apart (attention/shared_prefix.py)."""
+    batch = build_grouped_batch(tokens.plan, tokens.prompts, tokens.responses, layout, pad_token_id, reads_prefix=reads_prefix)
     response_lens = np.array([len(r) for r in tokens.responses])
     prompt_lens = np.array([len(p) for p in tokens.prompts])
     starts = tokens.offsets[:-1].numpy() + prompt_lens - 1  # the prompt's last position predicts response token 0

@@ -1,0 +1,167 @@
+"""Long prompts, large groups, a token budget: `python benchmarks/prefix_grouper.py --long [--rows 0,3]`.
+
+One GRPO group per row (prompt Lp, G responses of Lr) on Qwen2 hidden 256 x 4 layers, fp32, under a token
+budget (verl's ppo_max_token_len_per_gpu) that the whole group exceeds. Each method runs every micro-batch's
+forward, the response log-probs' sum and backward, as verl's update does:
+
+    standard  one sample [prompt; response] per micro-batch (what fits the budget): G micro-batches
+    cut       the planner before shared prefixes: parts [prompt, r_1..r_m] that fit, each encoding the prompt
+    shared    verl_ext now (attention/shared_prefix.py): the prompt encoded once apart, the responses in parts
+              that read its keys/values, one backward through the recomputed prompt
+    the PyPI prefix-grouper has no budget: it runs a group whole, which exceeds it, so it has no row here
+
+standard and cut run micro-batches of one size each, so one micro-batch is timed and multiplied by their count
+(stated per row); shared runs whole. Columns: seconds (median of --repeats after a warm-up); speed-ups over
+standard and the theoretical token ratios, standard tokens / tokens run (cut: the prompt once per part;
+shared: once); peak RSS above start (as in prefix_grouper.py), and for shared the bytes it holds between
+micro-batches by the formula of attention/shared_prefix.py. Member 0's log-probs are checked against standard's.
+"""
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from verl_ext.attention import build_grouped_batch, find_groups, grouped_attention_mode, grouped_logits, response_predictions
+from verl_ext.attention.shared_prefix import backward_prefix, encode_prefix
+from verl_ext.grouping import plan_micro_batches, token_budget
+
+# (Lp, G, Lr, m): the budget is Lp + m * Lr, so the cut planner makes G / m parts
+LONG_ROWS = [(lp, g, 256, g // k) for lp in (8192, 16384) for g in (16, 32) for k in (2, 8)]
+VOCAB = 768
+
+
+def long_config(max_len: int) -> Qwen2Config:
+    return Qwen2Config(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=max_len, tie_word_embeddings=True,
+    )  # fmt: skip
+
+
+@dataclass
+class Group:
+    prompt: torch.Tensor  # [Lp]
+    responses: list[torch.Tensor]  # G x [Lr]
+
+
+def _log_probs(rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(rows.float(), -1).gather(-1, targets[:, None]).squeeze(-1)
+
+
+def _grouped_part(model, prompt, responses, reads_prefix=None) -> torch.Tensor:
+    """Forward + backward of one grouped micro-batch; its response log-probs, detached."""
+    n = len(responses)
+    plan = find_groups([prompt] * n, responses, ["u"] * n)
+    batch = build_grouped_batch(plan, [prompt] * n, responses, reads_prefix=reads_prefix)
+    log_probs = _log_probs(response_predictions(grouped_logits(model, batch), batch), torch.cat(responses))
+    log_probs.sum().backward()
+    return log_probs.detach()
+
+
+def standard_one(model, group: Group) -> torch.Tensor:
+    """One micro-batch of standard: sample 0 alone."""
+    lp, response = len(group.prompt), group.responses[0]
+    logits = model(input_ids=torch.cat([group.prompt, response])[None], use_cache=False).logits[0]
+    log_probs = _log_probs(logits[lp - 1 : -1], response)
+    log_probs.sum().backward()
+    return log_probs.detach()
+
+
+def cut_one(model, group: Group, m: int) -> torch.Tensor:
+    """One micro-batch of the cut planner: the prompt and the first m responses."""
+    return _grouped_part(model, group.prompt, group.responses[:m])
+
+
+def shared_all(model, group: Group, budget: int) -> torch.Tensor:
+    """The whole group as verl_ext's engine runs it under `budget`."""
+    n = len(group.responses)
+    plan = find_groups([group.prompt] * n, group.responses, ["u"] * n)
+    parts = plan_micro_batches(plan.groups, token_budget(budget)).parts
+    with grouped_attention_mode(model):
+        prefix = encode_prefix(model, group.prompt, trainable=True)
+        out = [_grouped_part(model, group.prompt, [group.responses[i] for i in part], prefix) for part in parts]
+        backward_prefix(model, prefix)
+    return torch.cat(out)
+
+
+def held_bytes(config: Qwen2Config, lp: int) -> int:
+    """attention/shared_prefix.py's training formula: 2 (2 L Lp Hkv D b + V b), fp32."""
+    head_dim = config.hidden_size // config.num_attention_heads
+    return 2 * (2 * config.num_hidden_layers * lp * config.num_key_value_heads * head_dim * 4 + config.vocab_size * 4)
+
+
+def _measure(run, model, repeats: int, peak_memory_mb) -> tuple[float, float, torch.Tensor]:
+    """(median seconds, peak MB of one run, output) after a warm-up."""
+    model.zero_grad(set_to_none=True)
+    out = run()
+    times = []
+    for _ in range(repeats):
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    model.zero_grad(set_to_none=True)
+    memory = peak_memory_mb(run)
+    return statistics.median(times), memory, out
+
+
+def bench_long_row(lp: int, g: int, lr: int, m: int, repeats: int, peak_memory_mb) -> dict:
+    config = long_config(lp + lr)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).float()
+    model.set_attn_implementation("sdpa")
+    gen = torch.Generator().manual_seed(lp + g + lr)
+    group = Group(torch.randint(3, VOCAB, (lp,), generator=gen), [torch.randint(3, VOCAB, (lr,), generator=gen) for _ in range(g)])
+    budget = lp + m * lr
+    runs = {
+        "standard": (lambda: standard_one(model, group), g),
+        "cut": (lambda: cut_one(model, group, m), g // m),
+        "shared": (lambda: shared_all(model, group, budget), 1),
+    }
+    row = {"Lp": lp, "G": g, "Lr": lr, "budget": budget, "cut parts": g // m, "held MB": held_bytes(config, lp) / 2**20}
+    outputs = {}
+    for name, (run, count) in runs.items():
+        seconds, memory, outputs[name] = _measure(run, model, repeats, peak_memory_mb)
+        row[name] = dict(seconds=seconds * count, memory=memory)
+    ref = outputs["standard"]
+    row["error"] = max(((outputs[k][:lr] - ref).abs().max() / ref.abs().max()).item() for k in ("cut", "shared"))
+    standard_tokens = g * (lp + lr)
+    row["theory shared"] = standard_tokens / (lp + g * lr)
+    row["theory cut"] = standard_tokens / (g // m * lp + g * lr)
+    return row
+
+
+LONG_HEADER = (
+    f"{'Lp':>5} {'G':>3} {'Lr':>4} {'budget':>6} {'parts':>5} | {'std s':>7} {'cut s':>7} {'shr s':>7} | "
+    f"{'shr spd':>7} {'theory':>6} {'ratio':>5} | {'cut spd':>7} {'theory':>6} | {'shr/cut':>7} | "
+    f"{'std MB':>6} {'cut MB':>6} {'shr MB':>6} {'shr/std':>7} {'held':>5} | {'err':>7}"
+)
+
+
+def format_long_row(r: dict) -> str:
+    std, cut, shr = (r[k]["seconds"] for k in ("standard", "cut", "shared"))
+    mem = {k: r[k]["memory"] for k in ("standard", "cut", "shared")}
+    return (
+        f"{r['Lp']:>5} {r['G']:>3} {r['Lr']:>4} {r['budget']:>6} {r['cut parts']:>5} | {std:>7.1f} {cut:>7.1f} {shr:>7.1f} | "
+        f"{std / shr:>6.2f}x {r['theory shared']:>5.2f}x {std / shr / r['theory shared']:>5.2f} | "
+        f"{std / cut:>6.2f}x {r['theory cut']:>5.2f}x | {cut / shr:>6.2f}x | "
+        f"{mem['standard']:>6.0f} {mem['cut']:>6.0f} {mem['shared']:>6.0f} {mem['shared'] / mem['standard']:>6.2f}x "
+        f"{r['held MB']:>5.0f} | {r['error']:>7.1e}"
+    )
+
+
+def run_long(rows: list[int] | None, repeats: int, peak_memory_mb) -> None:
+    config = long_config(0)
+    print(f"Qwen2 hidden {config.hidden_size}, {config.num_hidden_layers} layers, {config.num_attention_heads} heads "
+          f"({config.num_key_value_heads} kv), vocab {config.vocab_size}; fp32, {torch.get_num_threads()} threads; "
+          f"median of {repeats}; standard and cut: one micro-batch timed, times the count")  # fmt: skip
+    print("budget = Lp + m * Lr tokens; parts = micro-batches of the cut planner (shared: the prompt apart, then the")
+    print("responses in parts of the budget); spd = standard s / method s; theory = standard tokens / tokens run;")
+    print("ratio = shared speed-up / its theory; MB = peak RSS above start of the method's whole run (standard, cut:")
+    print("one micro-batch); held = MB shared keeps between micro-batches (formula); err = member 0's log-probs vs standard")
+    print(LONG_HEADER)
+    for i, (lp, g, lr, m) in enumerate(LONG_ROWS):
+        if rows is None or i in rows:
+            print(format_long_row(bench_long_row(lp, g, lr, m, repeats, peak_memory_mb)), flush=True)

@@ -1,0 +1,133 @@
+"""A group's prompt encoded once and read by several micro-batches == the standard forward.
+
+Each group's members are cut into 1..8 consecutive parts; the prompt runs alone (encode_prefix), each part
+reads its keys/values and last logits and runs its own backward, and one backward_prefix closes the group,
+as verl_ext's engine schedules it. Budgets as in test_grouped_equivalence (fp64 max abs <= 1e-10, fp32 max
+rel <= 1e-5); a dropped prefix-K/V gradient must break them.
+"""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from attention_testing import (
+    DTYPES,
+    FAMILIES,
+    Result,
+    make_case,
+    standard_result,
+    tiny_model,
+    token_log_probs_and_entropy,
+    violations,
+)
+
+from verl_ext.attention import build_grouped_batch, find_groups, grouped_attention_mode, grouped_logits, response_predictions
+from verl_ext.attention.groups import GroupPlan, PrefixGroup
+from verl_ext.attention.shared_prefix import SharedPrefix, backward_prefix, encode_prefix
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_intra_op_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _cut(members: tuple[int, ...], n_parts: int) -> list[tuple[int, ...]]:
+    bounds = torch.linspace(0, len(members), n_parts + 1).round().long().tolist()
+    return [members[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def _loss_weights(case, dtype):
+    """The fixed weights of test_grouped_equivalence's loss, per sample."""
+    lens = [len(r) for r in case.responses]
+    g = torch.Generator().manual_seed(1234)
+    w_lp, w_ent = (torch.randn(sum(lens), generator=g).to(dtype) for _ in range(2))
+    return w_lp.split(lens), w_ent.split(lens)
+
+
+def shared_result(model, case, n_parts: int, layout: str = "packed", drop_prefix_kv_grad: bool = False) -> Result:
+    """Every group's members in `n_parts` parts (fewer for a small group) that read its prompt run once."""
+    dtype = next(model.parameters()).dtype
+    w_lp, w_ent = _loss_weights(case, dtype)
+    log_probs, entropy = [None] * len(case.prompts), [None] * len(case.prompts)
+    model.zero_grad(set_to_none=True)
+    with grouped_attention_mode(model):
+        for group in find_groups(case.prompts, case.responses, case.uids).groups:
+            prefix = encode_prefix(model, case.prompts[group.members[0]], trainable=True)
+            for part in _cut(group.members, n_parts):
+                lp, ent = _part_outputs(model, case, part, group.prompt_len, prefix, layout)
+                loss = sum((w_lp[m] * a).sum() + 0.1 * (w_ent[m] * b).sum() for m, a, b in zip(part, lp, ent))
+                loss.backward()
+                for m, a, b in zip(part, lp, ent):
+                    log_probs[m], entropy[m] = a.detach(), b.detach()
+            if drop_prefix_kv_grad:
+                for leaf in prefix.leaves()[:-1]:
+                    leaf.grad = None
+            backward_prefix(model, prefix)
+    grads = {n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return Result(torch.cat(log_probs), torch.cat(entropy), grads)
+
+
+def _part_outputs(model, case, part, prompt_len, prefix: SharedPrefix, layout):
+    plan = GroupPlan((PrefixGroup(tuple(range(len(part))), prompt_len, tuple(len(case.responses[m]) for m in part)),), len(part))
+    responses = [case.responses[m] for m in part]
+    batch = build_grouped_batch(plan, [case.prompts[m] for m in part], responses, layout, reads_prefix=prefix)
+    rows = response_predictions(grouped_logits(model, batch), batch)
+    lp, ent = token_log_probs_and_entropy(rows, torch.cat(responses))
+    return lp.split(batch.response_lens), ent.split(batch.response_lens)
+
+
+@st.composite
+def split_cases(draw):
+    """1-3 groups of 1..12 members, prompts 1..96, responses 0..24; each group cut in 1..8 parts."""
+    groups = [
+        (draw(st.sampled_from("ab")), draw(st.integers(1, 96)), draw(st.lists(st.integers(0, 24), min_size=1, max_size=12)))
+        for _ in range(draw(st.integers(1, 3)))
+    ]
+    if not any(n for _, _, lens in groups for n in lens):
+        groups[0][2][0] = 1  # at least one response token, so there is a loss to differentiate
+    reuse = draw(st.sampled_from([None, 0])) if len(groups) > 1 else None
+    return make_case(groups, seed=draw(st.integers(0, 1000)), reuse_prompt=reuse), draw(st.integers(1, 8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("family", FAMILIES)
+@settings(max_examples=6, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case_parts=split_cases(), layout=st.sampled_from(["packed", "padded"]))
+def test_parts_reading_a_shared_prefix_match_standard(family, dtype, case_parts, layout):
+    case, n_parts = case_parts
+    model = tiny_model(family, dtype)
+    assert violations(shared_result(model, case, n_parts, layout), standard_result(model, case), dtype) == []
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dropped_prefix_kv_gradient_is_caught(dtype):
+    # negative control: without the parts' dK/dV the prompt's parameters miss the members' share
+    model = tiny_model("qwen2", dtype)
+    case = make_case([("a", 40, [6, 9, 3, 7])], seed=5)
+    ref = standard_result(model, case)
+    assert violations(shared_result(model, case, 3), ref, dtype) == []
+    assert violations(shared_result(model, case, 3, drop_prefix_kv_grad=True), ref, dtype) != []
+
+
+def test_a_batch_reads_only_its_own_prompt():
+    # a part whose prompt is not the shared one is refused, not silently attended to the wrong keys
+    model = tiny_model("qwen2", torch.float32)
+    with grouped_attention_mode(model):
+        prefix = encode_prefix(model, torch.tensor([5, 6, 7]), trainable=False)
+    plan = GroupPlan((PrefixGroup((0,), 3, (2,)),), 1)
+    with pytest.raises(ValueError, match="not the shared prefix"):
+        build_grouped_batch(plan, [torch.tensor([5, 6, 8])], [torch.tensor([9, 9])], reads_prefix=prefix)
+
+
+def test_untouched_prefix_backward_adds_nothing():
+    # a rank with no shared group runs backward_prefix on a one-token prompt: the collectives, zero gradients
+    model = tiny_model("llama", torch.float64)
+    model.zero_grad(set_to_none=True)
+    with grouped_attention_mode(model):
+        backward_prefix(model, SharedPrefix(torch.tensor([0])))
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+    assert any(p.grad is not None for p in model.parameters())

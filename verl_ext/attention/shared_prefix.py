@@ -1,0 +1,108 @@
+"""One group's prompt encoded once for every micro-batch that holds its responses.
+
+When a group is too large for one micro-batch, its prompt runs on its own and each part of its
+responses reads the prompt's keys/values instead of encoding the prompt again (schedule-level
+shared-prefix reuse, arXiv 2606.01143):
+
+    forward only   encode_prefix (no grad)  ->  parts 1..n read it  ->  dropped
+    training       encode_prefix (no grad)  ->  parts 1..n read it, each backward adds its
+                   dK, dV (every layer) and d(last logits) into the prefix's leaves
+                   ->  backward_prefix: the prefix forward again, with grad, and one backward
+                   that feeds it the summed gradients
+
+Exact: a response token's attention over [prompt; itself] is the cross part over the prompt's
+keys/values merged by log-sum-exp with its own causal part (grouped_sdpa), whichever micro-batch
+the cross part's keys come from; and the gradient of a prompt parameter is the sum over the members
+(Prefix Grouper, Lemma 2.1), which the leaves collect in pieces and the one prefix backward applies.
+The logits at the prompt's last position predict every response's first token; they are a leaf too.
+
+Memory held between micro-batches, for the one group whose parts are running (L layers, Lp prompt
+tokens, Hkv key/value heads of size D, b bytes per element, V vocabulary):
+    forward only   2 L Lp Hkv D b + V b                       (keys, values, last logits)
+    training       2 (2 L Lp Hkv D b + V b)                   (the same and their gradients)
+The prefix's activations are not kept between micro-batches: backward_prefix recomputes them (one
+more forward over Lp tokens), so the peak is that of one micro-batch plus the above, not of two.
+"""
+
+import torch
+from torch.distributed.tensor import DTensor
+from transformers import PreTrainedModel
+
+from verl_ext.attention.groups import GroupPlan, PrefixGroup
+from verl_ext.attention.interface import META_KWARG, grouped_attention_mode
+from verl_ext.attention.layout import build_grouped_batch
+
+
+class SharedPrefix:
+    """A prompt's per-layer keys/values [1, Hkv, Lp, D] and the logits at its last position [V].
+
+    Filled by one pass over the prompt (`record` is called by every attention layer); read by the
+    micro-batches of the group's responses. `trainable`: the tensors are leaves that collect the
+    gradients of every reader, for `backward_prefix`.
+    """
+
+    def __init__(self, prompt: torch.Tensor, trainable: bool = False):
+        self.prompt = prompt  # [Lp] token ids, on the model's device
+        self.trainable = trainable
+        self.keys: dict[int, torch.Tensor] = {}  # layer index -> [1, Hkv, Lp, D]
+        self.values: dict[int, torch.Tensor] = {}
+        self.last_logits: torch.Tensor | None = None  # [V]
+
+    def record(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Called by each attention layer during the pass over the prompt; the first call per layer counts
+        (activation checkpointing calls the layer again in the backward)."""
+        if layer not in self.keys:
+            self.keys[layer], self.values[layer] = key, value
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer not in self.keys:
+            raise RuntimeError(f"the shared prefix holds no keys for layer {layer}: encode_prefix has not run on this model")
+        return self.keys[layer], self.values[layer]
+
+    def leaves(self) -> list[torch.Tensor]:
+        """Every tensor the readers differentiate, in layer order: keys, values, then the last logits (none
+        before a pass has filled it)."""
+        if self.last_logits is None:
+            return []
+        return [*self.keys.values(), *self.values.values(), self.last_logits]
+
+
+def _prefix_pass(model: PreTrainedModel, prefix: SharedPrefix) -> torch.Tensor:
+    """Run `prefix.prompt` alone, recording each layer's keys/values into `prefix`; logits at its last position [V]."""
+    plan = GroupPlan(groups=(PrefixGroup((0,), len(prefix.prompt), (0,)),), num_samples=1)
+    batch = build_grouped_batch(plan, [prefix.prompt.cpu()], [[]], records_prefix=prefix).to(prefix.prompt.device)
+    with grouped_attention_mode(model):
+        out = model(
+            input_ids=batch.input_ids,
+            position_ids=batch.position_ids,
+            use_cache=False,
+            logits_to_keep=1,  # only the last position's logits: [1, 1, V], not [1, Lp, V]
+            **{META_KWARG: batch.attention},
+        )
+    logits = out.logits.full_tensor() if isinstance(out.logits, DTensor) else out.logits
+    return logits[0, -1]
+
+
+def encode_prefix(model: PreTrainedModel, prompt: torch.Tensor, trainable: bool) -> SharedPrefix:
+    """The prompt's keys/values and last logits, without grad; leaves that collect gradients if `trainable`."""
+    prefix = SharedPrefix(prompt, trainable)
+    with torch.no_grad():
+        prefix.last_logits = _prefix_pass(model, prefix)
+    if trainable:
+        for leaf in prefix.leaves():
+            leaf.requires_grad_()
+    return prefix
+
+
+def backward_prefix(model: PreTrainedModel, prefix: SharedPrefix) -> None:
+    """Recompute the prompt's forward with grad and backpropagate what the readers accumulated.
+
+    A prefix no reader touched still runs its forward and backward, with zero gradients: data-parallel
+    ranks run the same collectives (a rank with nothing to do calls this on a one-token prompt).
+    """
+    recomputed = SharedPrefix(prefix.prompt)
+    recomputed.last_logits = _prefix_pass(model, recomputed)
+    pairs = [(t, leaf.grad) for t, leaf in zip(recomputed.leaves(), prefix.leaves(), strict=False) if leaf.grad is not None]
+    if not pairs:
+        pairs = [(recomputed.last_logits, torch.zeros_like(recomputed.last_logits))]
+    torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
