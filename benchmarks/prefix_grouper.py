@@ -233,16 +233,23 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help=f"only {QUICK_ROWS}")
     parser.add_argument("--long", action="store_true", help="long prompts, large groups, a token budget (see prefix_grouper_long)")
     parser.add_argument("--rows", default=None, help="--long: comma-separated row numbers (default: all)")
+    parser.add_argument("--long-memory", default=None, help=argparse.SUPPRESS)  # ROW,METHOD: --long's child process
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per method and row after a warm-up (3; --long: 1)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.long_memory:
+        from prefix_grouper_long import long_memory
+
+        row, method = args.long_memory.split(",")
+        long_memory(int(row), method, peak_memory_mb)
+        return
     if args.long:
         from prefix_grouper_long import run_long
 
         rows = None if args.rows is None else [int(r) for r in args.rows.split(",")]
-        run_long(rows, args.repeats or 1, peak_memory_mb)
+        run_long(rows, args.repeats or 1, flops)
         return
     args.repeats = args.repeats or 3
     config = model_config(0)

@@ -44,14 +44,6 @@ from verl_ext.attention import (
 )
 from verl_ext.attention.grouped_sdpa import attention_with_lse, grouped_sdpa_attention
 
-@pytest.fixture(autouse=True, scope="module")
-def one_intra_op_thread():
-    """These matrices are tiny: intra-op threads cost more than they give (5x slower on a shared 2-core box)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def grouped_result(model, case: Case, layout: str) -> Result:
     """Packed goes through the response-predictor path, padded through the full ungroup path."""

@@ -26,14 +26,6 @@ from verl_ext.attention.groups import GroupPlan, PrefixGroup
 from verl_ext.attention.shared_prefix import SharedPrefix, backward_prefix, encode_prefix
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_intra_op_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _cut(members: tuple[int, ...], n_parts: int) -> list[tuple[int, ...]]:
     bounds = torch.linspace(0, len(members), n_parts + 1).round().long().tolist()
     return [members[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]

@@ -21,9 +21,7 @@ each response's first token (row `num_tokens` of the flat outputs, see `response
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -241,8 +239,7 @@ def build_grouped_batch(
         raise ValueError("cannot lay out an empty batch")
     if (records_prefix or reads_prefix) and len(plan.groups) != 1:
         raise ValueError(f"a shared prefix belongs to one group; the batch has {len(plan.groups)}")
-    if reads_prefix is not None and not torch.equal(torch.as_tensor(as_token_list(prompts[plan.groups[0].members[0]])),
-                                                    reads_prefix.prompt.cpu()):
+    if reads_prefix is not None and as_token_list(prompts[plan.groups[0].members[0]]) != reads_prefix.prompt.tolist():
         raise ValueError("the batch's prompt is not the shared prefix it would read")
     s = _spans(plan, layout, prefix_in_stream=reads_prefix is None)
     ids = np.full(s.rows * s.row_len, pad_token_id, dtype=np.int64)
@@ -314,8 +311,11 @@ def response_predictions(
     per-member copies of the prompt's outputs. In a batch reading a shared prefix the first token's
     predictor is the prefix's last logits.
     """
-    flat = x.reshape(batch.attention.num_tokens, *x.shape[2:])
+    n = batch.attention.num_tokens
     shared = batch.attention.reads_prefix
-    if shared is not None:
-        flat = torch.cat([flat, shared.last_logits.to(flat.dtype).view(1, *x.shape[2:])])
-    return flat.index_select(0, batch.predictor_index)
+    if shared is None:
+        return x.reshape(n, *x.shape[2:]).index_select(0, batch.predictor_index)
+    rows = x.reshape(n, *x.shape[2:]).index_select(0, batch.predictor_index.clamp(max=n - 1))
+    first = (batch.predictor_index == n).nonzero().squeeze(1)  # rows of each response's first token
+    rows[first] = shared.last_logits.to(rows.dtype).expand(len(first), *x.shape[2:])  # no copy of the whole stream
+    return rows
