@@ -10,6 +10,7 @@ A shared group (grouping/micro_batches.py: too large for one micro-batch) has co
 A pass over a prompt is a forward (and, training, a backward) of the FSDP module, whose collectives
 every data-parallel rank must issue together. So before and after each part the ranks agree whether
 any of them runs such a pass, and a rank with none runs one over a one-token prompt that no part reads.
+Where no rank shares a group (agreed once), nothing more is agreed.
 
 Owner: the engine's thread, for one forward_backward_batch call; no other thread touches it.
 """
@@ -43,6 +44,7 @@ class SharedPrefixSchedule:
         self.groups, self.prompts, self.device, self.autocast = groups, prompts, device, autocast
         self.filler = torch.tensor([pad_token_id], device=device)  # the one-token prompt of a rank with no pass
         self.reading: SharedPrefix | None = None  # the prefix micro-batch i reads, between before(i) and after(i)
+        self.active = not agreement.all(all(group is None for group in plan.shared))  # some rank shares a group
 
     def _prompt(self, i: int) -> torch.Tensor:
         group = self.groups[self.plan.shared[i]]
@@ -50,7 +52,7 @@ class SharedPrefixSchedule:
 
     def before(self, i: int) -> None:
         opens = self.plan.opens(i)
-        if self.agreement.all(not opens):
+        if not self.active or self.agreement.all(not opens):
             return
         with self.autocast():
             prefix = encode_prefix(self.module, self._prompt(i) if opens else self.filler, self.trainable)
@@ -59,7 +61,7 @@ class SharedPrefixSchedule:
 
     def after(self, i: int) -> None:
         closes = self.plan.closes(i)
-        if self.trainable and not self.agreement.all(not closes):
+        if self.active and self.trainable and not self.agreement.all(not closes):
             with self.autocast():
                 backward_prefix(self.module, self.reading if closes else SharedPrefix(self.filler))
         if closes:
