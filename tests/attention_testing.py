@@ -174,7 +174,12 @@ def tiny_model(family: str, dtype: torch.dtype):
         max_position_embeddings=1024,
         initializer_range=0.2,  # the default 0.02 gives near-uniform attention, a weak test of the mask
     )
-    config = {"qwen2": Qwen2Config, "qwen3": functools.partial(Qwen3Config, head_dim=16), "llama": LlamaConfig}[family]
+    config = {
+        "qwen2": Qwen2Config,
+        "qwen2_tied": functools.partial(Qwen2Config, tie_word_embeddings=True),  # lm_head is the embedding
+        "qwen3": functools.partial(Qwen3Config, head_dim=16),
+        "llama": LlamaConfig,
+    }[family]
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config(**common), attn_implementation="sdpa").to(dtype)
     if dtype == torch.float64:

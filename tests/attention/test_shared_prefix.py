@@ -86,7 +86,7 @@ def split_cases(draw):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [*FAMILIES, "qwen2_tied"])  # GQA and RoPE in all; untied and tied embeddings
 @settings(max_examples=6, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case_parts=split_cases(), layout=st.sampled_from(["packed", "padded"]))
 def test_parts_reading_a_shared_prefix_match_standard(family, dtype, case_parts, layout):
