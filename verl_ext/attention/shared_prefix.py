@@ -37,13 +37,12 @@ class SharedPrefix:
     """A prompt's per-layer keys/values [1, Hkv, Lp, D] and the logits at its last position [V].
 
     Filled by one pass over the prompt (`record` is called by every attention layer); read by the
-    micro-batches of the group's responses. `trainable`: the tensors are leaves that collect the
-    gradients of every reader, for `backward_prefix`.
+    micro-batches of the group's responses. Encoded for training, the tensors are leaves that collect
+    the gradients of every reader, for `backward_prefix`.
     """
 
-    def __init__(self, prompt: torch.Tensor, trainable: bool = False):
+    def __init__(self, prompt: torch.Tensor):
         self.prompt = prompt  # [Lp] token ids, on the model's device
-        self.trainable = trainable
         self.keys: dict[int, torch.Tensor] = {}  # layer index -> [1, Hkv, Lp, D]
         self.values: dict[int, torch.Tensor] = {}
         self.last_logits: torch.Tensor | None = None  # [V]
@@ -85,7 +84,7 @@ def _prefix_pass(model: PreTrainedModel, prefix: SharedPrefix) -> torch.Tensor:
 
 def encode_prefix(model: PreTrainedModel, prompt: torch.Tensor, trainable: bool) -> SharedPrefix:
     """The prompt's keys/values and last logits, without grad; leaves that collect gradients if `trainable`."""
-    prefix = SharedPrefix(prompt, trainable)
+    prefix = SharedPrefix(prompt)
     with torch.no_grad():
         prefix.last_logits = _prefix_pass(model, prefix)
     if trainable:
