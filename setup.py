@@ -21,6 +21,8 @@ INSTALL_REQUIRES = [
     "pandas",
     "pyarrow",
     "matplotlib",
+    # ngram_rl's batch drafting (speculation/compiled_match.py); vLLM 0.24's own n-gram proposer needs it too.
+    "numba>=0.61",
 ]
 
 EXTRAS = {

@@ -144,8 +144,8 @@ def _scatter_rows(x, slots):
 
 def _to_blocks(rows, slots, n, w, fill=0.0):
     """Inverse of `_scatter_rows`: rows [R, H, ...] -> [n, H, w, ...], `fill` where no row lands."""
-    out = rows.new_full((n * w, *rows.shape[1:]), fill).index_copy(0, slots, rows)
-    return out.view(n, w, *rows.shape[1:]).transpose(1, 2).contiguous()
+    out = rows.new_full((n * w, *rows.shape[1:]), fill).index_copy_(0, slots, rows)
+    return out.view(n, w, *rows.shape[1:]).transpose(1, 2)
 
 
 def _cpu_flash(q: torch.Tensor) -> bool:
@@ -220,9 +220,9 @@ class _ResponseAttention(torch.autograd.Function):
         dqs, dks, dvs = _part_bwd(do_s, qs, ks, vs, o_s, lse_s, scale, True, None)
         tokens = ctx.meta.response_tokens
         dq_rows = _scatter_rows(dqc, dense.cross_slots) + _scatter_rows(dqs, dense.self_slots)
-        dq = q.new_zeros(q.shape).index_copy(0, tokens, dq_rows)
-        dk = k.new_zeros(k.shape).index_copy(0, tokens, _scatter_rows(dks, dense.self_slots))
-        dv = v.new_zeros(v.shape).index_copy(0, tokens, _scatter_rows(dvs, dense.self_slots))
+        dq = q.new_zeros(q.shape).index_copy_(0, tokens, dq_rows)
+        dk = k.new_zeros(k.shape).index_copy_(0, tokens, _scatter_rows(dks, dense.self_slots))
+        dv = v.new_zeros(v.shape).index_copy_(0, tokens, _scatter_rows(dvs, dense.self_slots))
         grads = (g.to(t) for g, t in zip((dq, dk, dv, dkp, dvp), ctx.in_dtypes))
         return *grads, None, None
 
@@ -239,16 +239,16 @@ def grouped_sdpa_attention(
     b, h, s, d = query.shape
     q, k, v = _tokens(query), _tokens(key), _tokens(value)
     dense = meta.dense
-    out = q.new_zeros(b * s, h, d)
+    out = q.new_zeros(b * s, h, d)  # filled in place: an out-of-place index_copy copies the whole stream again
     if shared_kv is not None:
         kp, vp = (x.to(q.dtype) for x in shared_kv)
     else:
         qp, kp, vp = (_gather_blocks(x, dense.prefix_index) for x in (q, k, v))
         o_p = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale, enable_gqa=True)
-        out = out.index_copy(0, meta.prefix_tokens, _scatter_rows(o_p, dense.prefix_slots))
+        out.index_copy_(0, meta.prefix_tokens, _scatter_rows(o_p, dense.prefix_slots))
     if meta.response_tokens.numel():
         rows = dense.cross_rows
         if rows.numel() != kp.shape[0]:  # some groups have only empty responses
             kp, vp = kp[rows], vp[rows]
-        out = out.index_copy(0, meta.response_tokens, _ResponseAttention.apply(q, k, v, kp, vp, meta, scale).to(out.dtype))
+        out.index_copy_(0, meta.response_tokens, _ResponseAttention.apply(q, k, v, kp, vp, meta, scale).to(out.dtype))
     return out.view(b, s, h, d)

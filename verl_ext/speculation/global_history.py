@@ -17,6 +17,7 @@ import numpy as np
 from verl_ext.speculation.ngram_match import PAD, SEP
 
 _HASH_MULT = np.uint64(0x9E3779B97F4A7C15)
+_HASH_MULT_INT, _UINT64_MASK = int(_HASH_MULT), (1 << 64) - 1
 
 
 def ngram_keys(tokens: np.ndarray, n: int) -> np.ndarray:
@@ -25,6 +26,14 @@ def ngram_keys(tokens: np.ndarray, n: int) -> np.ndarray:
     for j in range(n):
         keys = keys * _HASH_MULT + tokens[j: len(tokens) - n + 1 + j].astype(np.uint64)
     return keys
+
+
+def _ngram_key(tokens: Sequence[int]) -> int:
+    """ngram_keys of one n-gram in Python ints (numpy's per-call overhead is most of a lookup's cost)."""
+    key = 0
+    for token in tokens:
+        key = (key * _HASH_MULT_INT + int(token)) & _UINT64_MASK
+    return key
 
 
 class GlobalHistory:
@@ -72,7 +81,7 @@ class GlobalHistory:
         """Buffer indices of the occurrences of the last n context tokens (the `limit` most recent), oldest first."""
         if len(context) < self.n:
             return np.zeros(0, dtype=np.int64)  # -> [C]
-        key = int(ngram_keys(np.asarray(context[-self.n:], dtype=np.int32), self.n)[0])
+        key = _ngram_key(context[len(context) - self.n:])
         positions = self.index.get(key, ())
         if limit is not None and len(positions) > limit:  # O(limit): a frequent n-gram has many occurrences
             positions = list(itertools.islice(reversed(positions), limit))[::-1]

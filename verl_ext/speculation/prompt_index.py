@@ -50,6 +50,10 @@ class PromptIndex(PrefetchWork):
         # matched suffix -> MAX_DRAFT_TOKENS draft; last max_n context tokens -> draft (long matches)
         self._drafts, self._by_context = carried if carried is not None else ({}, {})
 
+    def sorted_arrays(self) -> tuple[np.ndarray, ...]:
+        """(end tokens, ends by token, pair first, pair next, pair positions): compiled_match.prompt_drafts' index."""
+        return self._end_tokens, self._ends_by_token, self._pair_first, self._pair_next, self._pair_positions
+
     def carry_over(self, changed: set[int]) -> tuple[dict, dict]:
         """The memos a next version keeps when the segments added or dropped hold only `changed` tokens: a key
         whose last token is not among them has the same occurrences (every suffix of it ends in that token),

@@ -5,6 +5,9 @@ Sources, in order: the prompt's history (``prompt``) whenever it matches the con
 match among the outputs its in-flight siblings have written so far (``siblings``: a GRPO group generates
 together), the request's own prompt and output (``self``), and all prompts' recent responses (``global``);
 equal lengths go to the earlier source. Each draft names its source (``Draft.source``) for per-source metrics.
+
+`propose` drafts a batch through compiled_match.py (numba, one call per prompt's rows, GIL released);
+`propose_reference` is the same drafter in NumPy and Python, which the tests hold it to token for token.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from verl_ext.speculation import compiled_match
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS, SpeculationConfig
 from verl_ext.speculation.drafters.base import Draft, DraftRequest, Drafter, DrafterStats
 from verl_ext.speculation.global_history import GlobalHistory
@@ -35,6 +39,10 @@ _MAX_INDEXES = 1024
 _FALLBACK_MIN_MATCH = 2
 _GLOBAL_CANDIDATES = 256  # most recent occurrences of the last two context tokens a global match starts from
 _PADDING = np.full(PAD, SEP, dtype=np.int32)
+
+
+def _match_len(candidate: tuple) -> int:
+    return candidate[0]  # max() keeps the first of equal lengths: the earlier source wins ties
 
 
 class _IndexedPrompt(NamedTuple):
@@ -94,6 +102,60 @@ class NgramRLDrafter(Drafter):
         return self.live is not None or self.draft_from_self or self.global_history is not None
 
     def propose(self, requests: Sequence[DraftRequest], budgets: Sequence[int]) -> list[list[int]]:
+        drafts = [Draft() for _ in requests]
+        rows_of: dict[int, list[int]] = {}  # a GRPO group's rows share their prompt's index: one call for them all
+        for row, budget in enumerate(budgets):
+            if budget > 0:
+                rows_of.setdefault(requests[row].prompt_key, []).append(row)
+        for key, rows in rows_of.items():
+            contexts, lens = compiled_match.right_aligned([requests[r].context_tail(self.max_n) for r in rows],
+                                                          self.max_n)
+            found = np.empty((len(rows), MAX_DRAFT_TOKENS), dtype=np.int32)  # [R, MAX_DRAFT_TOKENS]
+            found_lens = np.zeros(len(rows), dtype=np.int64)  # [R]
+            indexed = self._index(key)
+            if indexed is not None:
+                index = indexed.index
+                compiled_match.prompt_drafts(index.history, *index.sorted_arrays(), contexts, lens, self.min_n,
+                                             self.max_n, found, found_lens)
+            for k, row in enumerate(rows):
+                size = min(int(found_lens[k]), budgets[row])
+                if size:
+                    drafts[row] = Draft(found[k, :size].tolist(), "prompt")
+                else:
+                    drafts[row] = self._compiled_fallback(requests[row], contexts, lens, k, found)[:budgets[row]]
+        return drafts
+
+    def _compiled_fallback(self, request: DraftRequest, contexts: np.ndarray, lens: np.ndarray, k: int,
+                           scratch: np.ndarray) -> Draft:
+        """_fallback for row k of `contexts`, compiled (scratch [R, MAX_DRAFT_TOKENS] receives the vote)."""
+        best: tuple[int, str | None, np.ndarray | None, np.ndarray | None] = (0, None, None, None)
+        if lens[k] == 0:
+            return Draft()
+        fallback_min = max(self.min_n, _FALLBACK_MIN_MATCH)
+        if self.live is not None:
+            history = self.live.history(request.prompt_key)
+            if history is not None:
+                n, ends = compiled_match.scan_match(history, contexts, k, lens, self.min_n, self.max_n)
+                best = max(best, (n, "siblings", history, ends), key=_match_len)
+        if self.draft_from_self:
+            own = self._own_history(request)
+            n, ends = compiled_match.scan_match(own, contexts, k, lens, fallback_min, self.max_n)
+            best = max(best, (n, "self", own, ends), key=_match_len)
+        if self.global_history is not None:
+            candidates = self.global_history.candidates(contexts[k, self.max_n - lens[k]:].tolist(), _GLOBAL_CANDIDATES)
+            if len(candidates):
+                history = self.global_history.buf
+                n, ends = compiled_match.candidate_match(history, candidates, contexts, k, lens, fallback_min,
+                                                         self.max_n)
+                best = max(best, (n, "global", history, ends), key=_match_len)
+        n, source, history, ends = best
+        if not n:
+            return Draft()
+        size = compiled_match.vote(history, ends, scratch, k)
+        return Draft(scratch[k, :size].tolist(), source)
+
+    def propose_reference(self, requests: Sequence[DraftRequest], budgets: Sequence[int]) -> list[list[int]]:
+        """`propose` in NumPy and Python, one row at a time through the memoised PromptIndex: the reference."""
         indexes: dict[int, _IndexedPrompt | None] = {}  # a GRPO group's rows share their prompt's index
         return [self._draft(request, budget, indexes) for request, budget in zip(requests, budgets)]
 

@@ -1,0 +1,184 @@
+"""Drafting cost per row and decode step: ngram_rl's NumPy/Python reference, ngram_rl compiled, vLLM's `ngram`.
+
+    python benchmarks/drafting_cost.py [--batches 64,256,1024] [--steps 30] [--no-vllm]
+
+The workload (issue 29's): vocabulary 32k, 32 prompts each with 16 recent responses of 400 tokens in ngram_rl's
+history, and B rows, each following an edited copy of one of its prompt's answers (a policy that has converged
+part of the way). Every ngram_rl source is on (prompt, siblings in flight, self, global) and the budget is 16. A
+row advances as a replay does: the draft's prefix that matches the row's answer is accepted, plus one token.
+
+For each batch size, in one process: the seconds `propose` takes per step (after --warmup steps), per row, and the
+tokens drafted per row and step, for
+    reference  NgramRLDrafter.propose_reference (NumPy and Python, what ngram_rl drafted with before)
+    compiled   NgramRLDrafter.propose (compiled_match.py, numba)
+    vllm       vLLM 0.24's own `ngram` proposer kernel (batch_propose_numba, one thread) on each row's whole
+               context (prompt + output) at the same steps, run in .venv-vllm (skipped with a line if absent)
+and the share of a decode step: one forward of B rows, one token each, over a 512-token KV cache, of the
+embedded demo's model (random weights), timed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from verl_ext.speculation import DraftRequest, SpeculationConfig, build_drafter, prompt_key
+
+VOCAB, PROMPTS, RESPONSES, LENGTH, PROMPT_LEN, BUDGET = 32_000, 32, 16, 400, 100, 16
+VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+
+
+def _edit(rng: random.Random, tokens: list[int], edits: int) -> list[int]:
+    out = list(tokens)
+    for _ in range(edits):
+        i = rng.randrange(len(out))
+        out[i: i + rng.randrange(1, 4)] = [rng.randrange(VOCAB) for _ in range(rng.randrange(0, 4))]
+    return out
+
+
+def workload(batch: int, seed: int = 0):
+    """(history: prompt -> its responses, rows: (prompt, answer the row will write))."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(VOCAB) for _ in range(PROMPT_LEN)] for _ in range(PROMPTS)]
+    answers = [[rng.randrange(VOCAB) for _ in range(LENGTH)] for _ in range(PROMPTS)]
+    history = {i: [_edit(rng, answers[i], 8) for _ in range(RESPONSES)] for i in range(PROMPTS)}
+    rows = [(i % PROMPTS, _edit(rng, answers[i % PROMPTS], 8)) for i in range(batch)]
+    return prompts, history, rows
+
+
+def replay(method: str, batch: int, steps: int, warmup: int) -> dict:
+    """Drive one drafter through `steps` rounds; per-step seconds of propose, tokens drafted, and the contexts."""
+    prompts, history, rows = workload(batch)
+    drafter = build_drafter(SpeculationConfig(method="ngram_rl"))
+    for i, responses in history.items():
+        for response in responses:
+            drafter.observe(prompt_key(prompts[i]), prompts[i], response)
+    propose = drafter.propose if method == "compiled" else drafter.propose_reference
+    keys = [prompt_key(p) for p in prompts]
+    outputs = [answer[:1] for _, answer in rows]
+    seconds, drafted, lengths = [], [], []
+    for _ in range(steps):
+        requests = [DraftRequest(r, keys[p], prompts[p], outputs[r]) for r, (p, _) in enumerate(rows)]
+        start = time.perf_counter()
+        drafts = propose(requests, [BUDGET] * batch)
+        seconds.append(time.perf_counter() - start)
+        drafted.append(sum(len(d) for d in drafts))
+        lengths.append([len(o) for o in outputs])
+        drafter.observe_live(requests)
+        for r, (_, answer) in enumerate(rows):
+            done = len(outputs[r])
+            accepted = 0
+            while accepted < len(drafts[r]) and done + accepted < len(answer) and drafts[r][accepted] == answer[done + accepted]:
+                accepted += 1
+            outputs[r] = answer[: min(len(answer), done + accepted + 1)]
+    timed = seconds[warmup:]
+    return dict(step_s=statistics.median(timed), per_row_us=1e6 * statistics.median(timed) / batch,
+                tokens_per_row=sum(drafted[warmup:]) / (len(timed) * batch), lengths=lengths[warmup:],
+                drafts=drafted)
+
+
+def vllm_child(path: str) -> None:
+    """In .venv-vllm: time batch_propose_numba on the saved contexts (one numba thread), print JSON."""
+    from numba import set_num_threads
+    from vllm.v1.spec_decode.ngram_proposer import batch_propose_numba
+
+    set_num_threads(1)
+    data = np.load(path)
+    tokens, lengths = data["tokens"], data["lengths"]  # [B, max_len], [steps, B]
+    batch, max_len = tokens.shape
+    draft = np.zeros((batch, BUDGET), dtype=np.int32)
+    counts = np.zeros(batch, dtype=np.int32)
+    rows = list(range(batch))
+    batch_propose_numba(rows, lengths[0], tokens, 1, 8, max_len + BUDGET, BUDGET, draft, counts)  # compiles
+    seconds, drafted = [], []
+    for step_lengths in lengths:
+        start = time.perf_counter()
+        batch_propose_numba(rows, step_lengths, tokens, 1, 8, max_len + BUDGET, BUDGET, draft, counts)
+        seconds.append(time.perf_counter() - start)
+        drafted.append(int(counts.sum()))
+    print(json.dumps(dict(step_s=statistics.median(seconds), per_row_us=1e6 * statistics.median(seconds) / batch,
+                          tokens_per_row=sum(drafted) / (len(drafted) * batch))))
+
+
+def run_vllm(batch: int, lengths: list[list[int]]) -> dict | None:
+    """vLLM's kernel on the rows' whole contexts (prompt + the output each had at that step)."""
+    prompts, _, rows = workload(batch)
+    contexts = [prompts[p] + answer for p, answer in rows]
+    tokens = np.zeros((batch, max(map(len, contexts))), dtype=np.int32)
+    for r, context in enumerate(contexts):
+        tokens[r, : len(context)] = context
+    step_lengths = np.asarray([[PROMPT_LEN + n for n in step] for step in lengths], dtype=np.int32)
+    with tempfile.NamedTemporaryFile(suffix=".npz") as f:
+        np.savez(f.name, tokens=tokens, lengths=step_lengths)
+        done = subprocess.run([str(VLLM_PYTHON), __file__, "--vllm-child", f.name], capture_output=True, text=True)
+    if done.returncode:
+        print(f"vllm: failed ({done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode})")
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def decode_step_s(batch: int, cache_len: int = 512) -> float:
+    """One decode forward of the demo model's shape (random weights): B rows, one token, a cache_len KV cache."""
+    import torch
+    from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
+
+    from verl_ext.demo.build import PROFILES
+
+    profile = PROFILES["full"]
+    config = Qwen2Config(vocab_size=profile.vocab_size, max_position_embeddings=cache_len + 8,
+                         **{k: getattr(profile.shape, k) for k in ("hidden_size", "num_hidden_layers",
+                                                                   "intermediate_size", "num_attention_heads",
+                                                                   "num_key_value_heads")})
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        cache = DynamicCache()
+        ids = torch.randint(0, profile.vocab_size, (batch, cache_len))
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        times = []
+        for _ in range(4):
+            start = time.perf_counter()
+            model(input_ids=ids[:, :1], past_key_values=cache, use_cache=True)
+            times.append(time.perf_counter() - start)
+            cache.crop(cache_len)
+    return statistics.median(times[1:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="64,256,1024")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--vllm-child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.vllm_child:
+        return vllm_child(args.vllm_child)
+    use_vllm = not args.no_vllm and VLLM_PYTHON.exists()
+    if not use_vllm:
+        print("vllm: skipped (" + ("--no-vllm" if args.no_vllm else f"{VLLM_PYTHON} missing: make install-vllm") + ")")
+    print(f"{'batch':>5} {'method':>9} | {'step ms':>8} {'us/row':>7} {'tok/row':>7} | {'decode ms':>9} {'share':>6}")
+    for batch in map(int, args.batches.split(",")):
+        decode = decode_step_s(batch)
+        results = {method: replay(method, batch, args.steps, args.warmup) for method in ("reference", "compiled")}
+        if results["reference"]["drafts"] != results["compiled"]["drafts"]:
+            print(f"batch {batch}: the compiled drafts differ from the reference's")  # the tests hold them equal
+        if use_vllm:
+            results["vllm"] = run_vllm(batch, results["compiled"]["lengths"])
+        for method, r in results.items():
+            if r is None:
+                continue
+            print(f"{batch:>5} {method:>9} | {1e3 * r['step_s']:>8.2f} {r['per_row_us']:>7.2f} "
+                  f"{r['tokens_per_row']:>7.2f} | {1e3 * decode:>9.2f} {r['step_s'] / decode:>6.1%}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

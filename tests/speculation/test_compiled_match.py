@@ -1,0 +1,86 @@
+"""ngram_rl's compiled batch drafting (compiled_match.py) against its NumPy/Python reference (propose_reference):
+the same tokens and the same source for every row, over random histories with many repeats (so that long
+matches, pair and one-token matches, votes with ties and every fallback source all occur), every source on."""
+
+import random
+
+import numpy as np
+import pytest
+
+from verl_ext.speculation import DraftRequest, SpeculationConfig, build_drafter, prompt_key
+from verl_ext.speculation.config import MAX_DRAFT_TOKENS
+from verl_ext.speculation.drafters.base import source_of
+
+
+def _tokens(rng: random.Random, vocab: int, n: int) -> list[int]:
+    return [rng.randrange(1, vocab) for _ in range(n)]
+
+
+def _edited(rng: random.Random, tokens: list[int], vocab: int, edits: int) -> list[int]:
+    out = list(tokens)
+    for _ in range(edits):
+        i = rng.randrange(len(out))
+        out[i: i + rng.randrange(1, 4)] = _tokens(rng, vocab, rng.randrange(0, 4))
+    return out or [1]
+
+
+def _scenario(seed: int, min_match: int, max_match: int, vocab: int):
+    """A drafter with histories for some prompts and none for others, siblings in flight, and a batch of rows
+    whose outputs are edited copies of earlier answers (so their contexts match, then break, then match again)."""
+    rng = random.Random(seed)
+    drafter = build_drafter(SpeculationConfig(method="ngram_rl", min_match=min_match, max_match=max_match,
+                                              max_responses_per_prompt=6))
+    prompts = [_tokens(rng, vocab, rng.randrange(1, 12)) for _ in range(4)]
+    answers = {i: _tokens(rng, vocab, rng.randrange(10, 60)) for i in range(len(prompts))}
+    for i, prompt in enumerate(prompts[:3]):  # the last prompt is new: only fallbacks draft for it
+        for _ in range(rng.randrange(1, 8)):
+            drafter.observe(prompt_key(prompt), prompt, _edited(rng, answers[i], vocab, rng.randrange(0, 6)))
+    requests = []
+    for seq_id in range(rng.randrange(4, 24)):
+        i = rng.randrange(len(prompts))
+        answer = _edited(rng, answers[i], vocab, rng.randrange(0, 4))
+        requests.append(DraftRequest(seq_id, prompt_key(prompts[i]), prompts[i], answer[: rng.randrange(0, len(answer))]))
+    drafter.observe_live(requests)
+    for request in requests:  # the rows move on after the siblings' outputs were taken
+        tail = [*request.output_tokens, *_tokens(rng, vocab, rng.randrange(0, 3))]
+        requests[request.seq_id] = DraftRequest(request.seq_id, request.prompt_key, request.prompt_tokens, tail)
+    budgets = [rng.choice([0, 1, 3, MAX_DRAFT_TOKENS]) for _ in requests]
+    return drafter, requests, budgets
+
+
+@pytest.mark.parametrize("min_match,max_match", [(1, 8), (1, 2), (2, 4), (3, 16), (1, 1)])
+def test_compiled_drafts_equal_the_reference(min_match, max_match):
+    counts = {"prompt": 0, "siblings": 0, "self": 0, "global": 0, "none": 0}
+    for seed in range(60):
+        drafter, requests, budgets = _scenario(seed, min_match, max_match, vocab=rng_vocab(seed))
+        compiled = drafter.propose(requests, budgets)
+        reference = drafter.propose_reference(requests, budgets)
+        for row, (got, want) in enumerate(zip(compiled, reference)):
+            assert list(got) == list(want), (seed, row)
+            assert source_of(got, "x") == source_of(want, "x"), (seed, row)
+            counts[source_of(want, "x")] += 1
+    # the cases the comparison must have seen to mean anything
+    assert counts["prompt"] > 50 and counts["none"] > 10, counts
+    if min_match <= 2 <= max_match:
+        assert min(counts["siblings"], counts["self"], counts["global"]) > 0, counts
+
+
+def rng_vocab(seed: int) -> int:
+    return (6, 12, 40)[seed % 3]  # small vocabularies: many repeats, ties in the votes
+
+
+def test_a_dropped_vote_rule_is_caught():
+    """Negative control: a compiled vote that breaks ties to the oldest occurrence differs from the reference."""
+    from verl_ext.speculation import ngram_match
+
+    history = ngram_match.as_history([[1, 2, 3], [1, 2, 4]])  # after "1 2": 3 (older) and 4 (newer) tie
+    ends = np.array([2, 6])  # the two occurrences of "2", oldest first
+    window = ngram_match.continuation_windows(history, ends, MAX_DRAFT_TOKENS)
+    want = ngram_match.vote_continuation(window)
+    from verl_ext.speculation import compiled_match
+
+    out = np.zeros((1, MAX_DRAFT_TOKENS), dtype=np.int32)
+    size = compiled_match.vote(history, ends, out, 0)
+    assert out[0, :size].tolist() == want == [4]
+    size = compiled_match.vote(history, ends[::-1].copy(), out, 0)  # the wrong order: oldest taken as newest
+    assert out[0, :size].tolist() != want
