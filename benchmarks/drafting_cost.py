@@ -10,7 +10,9 @@ row advances as a replay does: the draft's prefix that matches the row's answer 
 For each batch size, in one process: the seconds `propose` takes per step (after --warmup steps), per row, and the
 tokens drafted per row and step, for
     reference  NgramRLDrafter.propose_reference (NumPy and Python, what ngram_rl drafted with before)
-    compiled   NgramRLDrafter.propose (compiled_match.py, numba)
+    compiled   NgramRLDrafter.propose on the requests (compiled_match.py, numba; the HF engine's route)
+    matrix     NgramRLDrafter.draft_arrays with the rows' tokens as one matrix, as vLLM's InputBatch holds them
+               (one compiled call for the batch; the drafts stay in arrays, as vLLM's kernel leaves its own)
     vllm       vLLM 0.24's own `ngram` proposer kernel (batch_propose_numba, one thread) on each row's whole
                context (prompt + output) at the same steps, run in .venv-vllm (skipped with a line if absent)
 and the share of a decode step: one forward of B rows, one token each, over a 512-token KV cache, of the
@@ -32,8 +34,10 @@ from pathlib import Path
 import numpy as np
 
 from verl_ext.speculation import DraftRequest, SpeculationConfig, build_drafter, prompt_key
+from verl_ext.speculation.drafters.base import TokenRows
 
 VOCAB, PROMPTS, RESPONSES, LENGTH, PROMPT_LEN, BUDGET = 32_000, 32, 16, 400, 100, 16
+METHODS = ("reference", "compiled", "matrix")
 VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
 
 
@@ -62,15 +66,21 @@ def replay(method: str, batch: int, steps: int, warmup: int) -> dict:
     for i, responses in history.items():
         for response in responses:
             drafter.observe(prompt_key(prompts[i]), prompts[i], response)
-    propose = drafter.propose if method == "compiled" else drafter.propose_reference
     keys = [prompt_key(p) for p in prompts]
     outputs = [answer[:1] for _, answer in rows]
+    matrix = _matrix([prompts[p] + answer for p, answer in rows])  # past each row's length: tokens not yet written
     seconds, drafted, lengths = [], [], []
     for _ in range(steps):
         requests = [DraftRequest(r, keys[p], prompts[p], outputs[r]) for r, (p, _) in enumerate(rows)]
+        token_rows = TokenRows(matrix, np.arange(batch), np.asarray([PROMPT_LEN + len(o) for o in outputs]))
         start = time.perf_counter()
-        drafts = propose(requests, [BUDGET] * batch)
+        if method == "matrix":
+            tokens, sizes, _ = drafter.draft_arrays(requests, [BUDGET] * batch, token_rows)
+        else:
+            drafts = (drafter.propose if method == "compiled" else drafter.propose_reference)(requests, [BUDGET] * batch)
         seconds.append(time.perf_counter() - start)
+        if method == "matrix":
+            drafts = [tokens[r, :size].tolist() for r, size in enumerate(sizes.tolist())]
         drafted.append(sum(len(d) for d in drafts))
         lengths.append([len(o) for o in outputs])
         drafter.observe_live(requests)
@@ -84,6 +94,13 @@ def replay(method: str, batch: int, steps: int, warmup: int) -> dict:
     return dict(step_s=statistics.median(timed), per_row_us=1e6 * statistics.median(timed) / batch,
                 tokens_per_row=sum(drafted[warmup:]) / (len(timed) * batch), lengths=lengths[warmup:],
                 drafts=drafted)
+
+
+def _matrix(contexts: list[list[int]]) -> np.ndarray:
+    tokens = np.zeros((len(contexts), max(map(len, contexts))), dtype=np.int32)
+    for r, context in enumerate(contexts):
+        tokens[r, : len(context)] = context
+    return tokens
 
 
 def vllm_child(path: str) -> None:
@@ -112,10 +129,7 @@ def vllm_child(path: str) -> None:
 def run_vllm(batch: int, lengths: list[list[int]]) -> dict | None:
     """vLLM's kernel on the rows' whole contexts (prompt + the output each had at that step)."""
     prompts, _, rows = workload(batch)
-    contexts = [prompts[p] + answer for p, answer in rows]
-    tokens = np.zeros((batch, max(map(len, contexts))), dtype=np.int32)
-    for r, context in enumerate(contexts):
-        tokens[r, : len(context)] = context
+    tokens = _matrix([prompts[p] + answer for p, answer in rows])
     step_lengths = np.asarray([[PROMPT_LEN + n for n in step] for step in lengths], dtype=np.int32)
     with tempfile.NamedTemporaryFile(suffix=".npz") as f:
         np.savez(f.name, tokens=tokens, lengths=step_lengths)
@@ -168,9 +182,10 @@ def main() -> None:
     print(f"{'batch':>5} {'method':>9} | {'step ms':>8} {'us/row':>7} {'tok/row':>7} | {'decode ms':>9} {'share':>6}")
     for batch in map(int, args.batches.split(",")):
         decode = decode_step_s(batch)
-        results = {method: replay(method, batch, args.steps, args.warmup) for method in ("reference", "compiled")}
-        if results["reference"]["drafts"] != results["compiled"]["drafts"]:
-            print(f"batch {batch}: the compiled drafts differ from the reference's")  # the tests hold them equal
+        results = {method: replay(method, batch, args.steps, args.warmup) for method in METHODS}
+        for method in METHODS[1:]:
+            if results[method]["drafts"] != results["reference"]["drafts"]:
+                print(f"batch {batch}: {method}'s drafts differ from the reference's")  # the tests hold them equal
         if use_vllm:
             results["vllm"] = run_vllm(batch, results["compiled"]["lengths"])
         for method, r in results.items():

@@ -1,5 +1,6 @@
 """ngram_rl's compiled batch drafting (compiled_match.py) against its NumPy/Python reference (propose_reference):
-the same tokens and the same source for every row, over random histories with many repeats (so that long
+the same tokens and the same source for every row, with the rows' contexts as requests or as a token matrix
+(vLLM's route), over random histories with many repeats (so that long
 matches, pair and one-token matches, votes with ties and every fallback source all occur), every source on."""
 
 import random
@@ -9,7 +10,7 @@ import pytest
 
 from verl_ext.speculation import DraftRequest, SpeculationConfig, build_drafter, prompt_key
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
-from verl_ext.speculation.drafters.base import source_of
+from verl_ext.speculation.drafters.base import TokenRows, source_of
 
 
 def _tokens(rng: random.Random, vocab: int, n: int) -> list[int]:
@@ -48,12 +49,24 @@ def _scenario(seed: int, min_match: int, max_match: int, vocab: int):
     return drafter, requests, budgets
 
 
+def token_rows(requests, seed: int) -> TokenRows:
+    """The requests as vLLM's InputBatch holds them: rows in another order, stale tokens past each length."""
+    order = random.Random(seed).sample(range(len(requests)), len(requests))
+    contexts = [[*r.prompt_tokens, *r.output_tokens] for r in requests]
+    matrix = np.full((len(requests), max(map(len, contexts)) + 5), 7, dtype=np.int32)
+    for row, context in zip(order, contexts):
+        matrix[row, : len(context)] = context
+    return TokenRows(matrix, np.asarray(order, dtype=np.int64), np.asarray([len(c) for c in contexts], dtype=np.int64))
+
+
 @pytest.mark.parametrize("min_match,max_match", [(1, 8), (1, 2), (2, 4), (3, 16), (1, 1)])
-def test_compiled_drafts_equal_the_reference(min_match, max_match):
+@pytest.mark.parametrize("layout", ["requests", "matrix"])
+def test_compiled_drafts_equal_the_reference(min_match, max_match, layout):
     counts = {"prompt": 0, "siblings": 0, "self": 0, "global": 0, "none": 0}
     for seed in range(60):
         drafter, requests, budgets = _scenario(seed, min_match, max_match, vocab=rng_vocab(seed))
-        compiled = drafter.propose(requests, budgets)
+        rows = token_rows(requests, seed) if layout == "matrix" else None
+        compiled = drafter.propose(requests, budgets, rows)
         reference = drafter.propose_reference(requests, budgets)
         for row, (got, want) in enumerate(zip(compiled, reference)):
             assert list(got) == list(want), (seed, row)

@@ -92,7 +92,7 @@ def test_global_history_stays_within_its_bound_under_a_million_prompts():
         drafter.observe(i, [i % 1000, 7], [i % 97, i % 89, 5, 6])
     history = drafter.global_history
     assert history.num_tokens <= bound and len(history.segments) <= bound // 5
-    assert len(history.index) <= bound and len(history.buf) <= 4 * bound + 64  # index and buffer bounded too
+    assert len(history.heads) <= 3 * bound and len(history.buf) <= 4 * bound + 64  # index and buffer bounded too
     assert drafter.cache.num_tokens <= bound and len(drafter.cache) <= bound
     assert drafter.propose([request([1], [999_999 % 97, 999_999 % 89])], [8]) == [[5, 6]]  # the newest are held
 

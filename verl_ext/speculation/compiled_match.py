@@ -1,12 +1,14 @@
-"""ngram_rl's match and vote compiled with numba: a whole batch of rows per call, outside the interpreter.
+"""ngram_rl's match and vote compiled with numba: a whole batch of rows in one call, outside the interpreter.
 
 The same drafts as the NumPy/Python reference (ngram_match.extend_match, then vote_continuation over
 continuation_windows; prompt_index.PromptIndex.draft for the prompt source), token for token: tests/speculation/
 test_compiled_match.py compares them on random histories. Every function here is `nogil`, so the prefetch thread
 drafts while the engine thread runs the model (vLLM's own n-gram proposer is numba too, `batch_propose_numba`).
 
-Rows come as right-aligned context tails: contexts [R, max_n] int32 with row i's last `lens[i]` columns real.
-A draft is written into drafts [R, MAX_DRAFT_TOKENS] with its length in draft_lens [R] (0: none).
+`batch_drafts` takes the rows as vLLM's InputBatch keeps them, one row of a token matrix each (prompt, then
+output), and reads every source from arrays: the prompt indexes from a PromptArena, the siblings' outputs from
+LiveOutputs' arena, the global history's buffer and hash chain. A draft is written into drafts [B,
+MAX_DRAFT_TOKENS] with its length in draft_lens [B] (0: none) and its source in sources [B] (SOURCES).
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from verl_ext.speculation import global_history
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
-from verl_ext.speculation.ngram_match import MAX_CANDIDATES, SEP
+from verl_ext.speculation.ngram_match import MAX_CANDIDATES, PAD, SEP
 
 _JIT = dict(nogil=True, cache=True)
+SOURCES = ("none", "prompt", "siblings", "self", "global")  # sources[b] indexes this
+_PROMPT, _SIBLINGS, _SELF, _GLOBAL = 1, 2, 3, 4
+GLOBAL_CANDIDATES = 256  # most recent occurrences of the last two context tokens a global match starts from
 
 
 @njit(**_JIT)
@@ -39,24 +45,23 @@ def _span(keys, lo, hi, key):
 
 
 @njit(**_JIT)
-def _match_length(history, end, context, row, n):
-    """Tokens of context[row]'s last n that end at history[end], counted backwards (a SEP never matches)."""
-    width = context.shape[1]
+def _match_length(history, end, tail):
+    """Tokens of `tail` that end at history[end], counted backwards (a SEP never matches)."""
+    n = len(tail)
     length = 0
-    while length < n and end - length >= 0 and history[end - length] == context[row, width - 1 - length]:
+    while length < n and end - length >= 0 and history[end - length] == tail[n - 1 - length]:
         length += 1
     return length
 
 
 @njit(**_JIT)
-def _vote(history, ends, count, out, row):
+def _vote(history, ends, count, out, row, alive):
     """vote_continuation over the windows after the last MAX_CANDIDATES of ends[:count] -> out[row]; its length.
 
     Newest occurrence first: the most frequent next token wins, ties to the most recent; occurrences that disagree
-    drop out; stop at SEP or MAX_DRAFT_TOKENS.
+    drop out; stop at SEP or MAX_DRAFT_TOKENS. alive: scratch of MAX_CANDIDATES.
     """
     first = max(0, count - MAX_CANDIDATES)
-    alive = np.empty(count - first, dtype=np.int64)
     n_alive = 0
     for i in range(count - 1, first - 1, -1):  # newest first
         alive[n_alive] = ends[i] + 1
@@ -71,28 +76,28 @@ def _vote(history, ends, count, out, row):
                 j += 1
             return size
         token = history[alive[0] + j]
-        agree = True
+        votes = 1
         for a in range(1, n_alive):
-            if history[alive[a] + j] != token:
-                agree = False
-                break
-        if not agree:
-            best = 0
-            for a in range(n_alive):  # first-seen order: a later token wins only with strictly more votes
-                candidate = history[alive[a] + j]
-                seen = False
-                for b in range(a):
-                    if history[alive[b] + j] == candidate:
-                        seen = True
-                        break
-                if seen:
-                    continue
-                votes = 0
-                for b in range(a, n_alive):
-                    if history[alive[b] + j] == candidate:
-                        votes += 1
-                if votes > best:
-                    best, token = votes, candidate
+            if history[alive[a] + j] == token:
+                votes += 1
+        if votes < n_alive:
+            if 2 * votes <= n_alive:  # no majority for the newest's token: count every other, first seen first
+                best = votes
+                for a in range(1, n_alive):  # a later token wins only with strictly more votes
+                    candidate = history[alive[a] + j]
+                    seen = False
+                    for b in range(a):
+                        if history[alive[b] + j] == candidate:
+                            seen = True
+                            break
+                    if seen:
+                        continue
+                    tally = 0
+                    for b in range(a, n_alive):
+                        if history[alive[b] + j] == candidate:
+                            tally += 1
+                    if tally > best:
+                        best, token = tally, candidate
             if token == SEP:
                 break
             kept = 0
@@ -109,7 +114,7 @@ def _vote(history, ends, count, out, row):
 
 
 @njit(**_JIT)
-def _longest(history, candidates, count, context, row, n, min_n, ends):
+def _longest(history, candidates, count, tail, min_n, ends):
     """extend_match: (length, how many) of the longest matches among candidates[:count] (kept in order in ends)."""
     longest = 0
     found = 0
@@ -117,7 +122,7 @@ def _longest(history, candidates, count, context, row, n, min_n, ends):
         end = candidates[c]
         if history[end + 1] == SEP:  # nothing to draft after it
             continue
-        length = _match_length(history, end, context, row, n)
+        length = _match_length(history, end, tail)
         if length > longest:
             longest, found = length, 0
         if length == longest and length > 0:
@@ -129,81 +134,114 @@ def _longest(history, candidates, count, context, row, n, min_n, ends):
 
 
 @njit(**_JIT)
-def prompt_drafts(history, end_tokens, ends_by_token, pair_first, pair_next, pair_positions,
-                  contexts, lens, min_n, max_n, drafts, draft_lens):
-    """PromptIndex.draft for every row, from its sorted arrays (prompt_index.py: ends by token, pairs (x, t)).
-
-    A context ending in a pair (x, t) that occurs matches from that pair's occurrences; otherwise it matches its
-    last token alone (when min_n allows one-token matches).
-    """
-    ends = np.empty(max(len(ends_by_token), 1), dtype=np.int64)
-    for row in range(contexts.shape[0]):
-        draft_lens[row] = 0
-        n = min(max_n, lens[row])
-        if n < min_n or n == 0:
-            continue
-        width = contexts.shape[1]
-        token = contexts[row, width - 1]
-        lo, hi = _span(end_tokens, 0, len(end_tokens), token)
-        if lo == hi:
-            continue
-        if n >= 2:
-            first_lo, first_hi = _span(pair_first, 0, len(pair_first), contexts[row, width - 2])
-            pair_lo, pair_hi = _span(pair_next, first_lo, first_hi, token)
-        else:
-            pair_lo = pair_hi = 0
-        if pair_lo < pair_hi:
-            count = pair_hi - pair_lo
-            for c in range(count):
+def _prompt_draft(history, end_tokens, ends_by_token, pair_keys, pair_positions, tail, min_n, ends, alive, drafts,
+                  row):
+    """PromptIndex.draft from its sorted arrays -> drafts[row]; its length. A context ending in a pair (x, t) that
+    occurs matches from that pair's occurrences; otherwise its last token alone (when min_n allows one)."""
+    n = len(tail)
+    token = tail[n - 1]
+    if n >= 2:  # a pair's run is one binary search: keys are x << 32 | t
+        pair_lo, pair_hi = _span(pair_keys, 0, len(pair_keys), (np.int64(tail[n - 2]) << 32) | np.int64(token))
+        if pair_lo < pair_hi:  # (its t has continuable ends, as every pair's does)
+            for c in range(pair_hi - pair_lo):
                 ends[c] = pair_positions[pair_lo + c] + 1
-            longest, found = _longest(history, ends, count, contexts, row, n, min_n, ends)
-            if longest:
-                draft_lens[row] = _vote(history, ends, found, drafts, row)
-        elif min_n <= 1:
-            for c in range(hi - lo):
-                ends[c] = ends_by_token[lo + c]
-            draft_lens[row] = _vote(history, ends, hi - lo, drafts, row)
+            longest, found = _longest(history, ends, pair_hi - pair_lo, tail, min_n, ends)
+            return _vote(history, ends, found, drafts, row, alive) if longest else 0
+    if min_n > 1:
+        return 0
+    lo, hi = _span(end_tokens, 0, len(end_tokens), token)
+    for c in range(hi - lo):
+        ends[c] = ends_by_token[lo + c]
+    return _vote(history, ends, hi - lo, drafts, row, alive) if hi > lo else 0
 
 
 @njit(**_JIT)
-def scan_match(history, contexts, row, lens, min_n, max_n):
-    """extend_match over every position of the row's last token in `history`: (length, ends [found])."""
-    n = min(max_n, lens[row])
-    if n < min_n or n == 0:
-        return 0, np.empty(0, dtype=np.int64)
-    token = contexts[row, contexts.shape[1] - 1]
-    candidates = np.empty(len(history), dtype=np.int64)
+def _scan_match(history, tail, min_n, ends):
+    """extend_match from every position of the tail's last token in `history` (but its last): (length, how many,
+    ends); `ends` is grown when it is shorter than the history."""
+    if len(history) > len(ends):
+        ends = np.empty(2 * len(history), dtype=np.int64)
     count = 0
+    token = tail[len(tail) - 1]
     for i in range(len(history) - 1):
         if history[i] == token:
-            candidates[count] = i
+            ends[count] = i
             count += 1
-    longest, found = _longest(history, candidates, count, contexts, row, n, min_n, candidates)
-    return longest, candidates[:found].copy()
+    longest, found = _longest(history, ends, count, tail, min_n, ends)
+    return longest, found, ends
 
 
 @njit(**_JIT)
-def candidate_match(history, candidates, contexts, row, lens, min_n, max_n):
-    """extend_match over the given candidate ends: (length, ends [found])."""
-    n = min(max_n, lens[row])
-    if n < min_n or n == 0 or len(candidates) == 0:
-        return 0, np.empty(0, dtype=np.int64)
-    ends = np.empty(len(candidates), dtype=np.int64)
-    longest, found = _longest(history, candidates, len(candidates), contexts, row, n, min_n, ends)
-    return longest, ends[:found].copy()
+def batch_drafts(batch_rows, tokens, token_rows, lens, budgets, slots, prompt_arena, live, live_spans, use_self,
+                 global_arrays, min_n, max_n, fallback_min, use_prompt, use_fallback, drafts, draft_lens, sources):
+    """ngram_rl's draft for each row b in batch_rows: the prompt's index, else the longest fallback (siblings, self,
+    global; ties to the earlier), each voted on as the reference does. Rows not in batch_rows are left as they are.
+
+    tokens [N, W] int32: row token_rows[b] holds row b's prompt then output, lens[b] tokens of it; budgets [B]
+    (<= 0: no draft); slots [B]: the row's prompt in prompt_arena (a PromptArena view), -1 for none; live
+    [A] int32 and live_spans [B, 2]: the row's siblings' block in LiveOutputs' arena (equal bounds: none);
+    global_arrays: (buf, prev, heads, bits, base, live_start, n) of a GlobalHistory, n = 0 for none.
+    """
+    history, end_tokens, ends_by_token, pair_keys, pair_positions, bounds = prompt_arena
+    global_buf, global_prev, global_heads, global_bits, global_base, global_start, global_n = global_arrays
+    ends = np.empty(1024, dtype=np.int64)  # candidates of the source being matched; grown as needed
+    best_ends = np.empty(1024, dtype=np.int64)  # the winning fallback's longest matches
+    own = np.full(tokens.shape[1] + 1 + PAD, SEP, dtype=np.int32)  # [SEP, row's context, SEP * PAD]
+    alive = np.empty(MAX_CANDIDATES, dtype=np.int64)  # the vote's scratch
+    for b in batch_rows:
+        draft_lens[b] = 0
+        sources[b] = 0
+        length = lens[b]
+        n = min(max_n, length)
+        if budgets[b] <= 0 or n == 0 or n < min_n:
+            continue
+        row_tokens = tokens[token_rows[b]]
+        tail = row_tokens[length - n: length]
+        slot = slots[b]
+        if use_prompt and slot >= 0:
+            h_lo, h_hi, e_lo, e_hi, p_lo, p_hi = bounds[slot]
+            if e_hi - e_lo > len(ends):
+                ends = np.empty(2 * (e_hi - e_lo), dtype=np.int64)
+            size = _prompt_draft(history[h_lo:h_hi], end_tokens[e_lo:e_hi], ends_by_token[e_lo:e_hi],
+                                 pair_keys[p_lo:p_hi], pair_positions[p_lo:p_hi], tail, min_n, ends, alive, drafts, b)
+            if size:
+                draft_lens[b] = min(size, budgets[b])
+                sources[b] = _PROMPT
+                continue
+        if not use_fallback:
+            continue
+        best, best_source, best_found = 0, 0, 0
+        best_history = own
+        if live_spans[b, 1] > live_spans[b, 0]:
+            siblings = live[live_spans[b, 0]: live_spans[b, 1]]
+            longest, found, ends = _scan_match(siblings, tail, min_n, ends)
+            if longest > best:
+                best, best_source, best_found, best_history = longest, _SIBLINGS, found, siblings
+                best_ends, ends = ends, best_ends
+        if use_self and n >= fallback_min:
+            own[1: 1 + length] = row_tokens[:length]
+            own[1 + length: 1 + length + PAD] = SEP
+            mine = own[: 1 + length + PAD]
+            longest, found, ends = _scan_match(mine, tail, fallback_min, ends)
+            if longest > best:
+                best, best_source, best_found, best_history = longest, _SELF, found, mine
+                best_ends, ends = ends, best_ends
+        if global_n and n >= global_n and n >= fallback_min:
+            if GLOBAL_CANDIDATES > len(ends):
+                ends = np.empty(2 * GLOBAL_CANDIDATES, dtype=np.int64)
+            count = global_history.walk(global_buf, global_prev, global_heads, global_bits, global_base,
+                                        global_start, tail, global_n, GLOBAL_CANDIDATES, ends)
+            ends[:count] = ends[:count][::-1].copy()  # oldest first, as the vote reads them
+            longest, found = _longest(global_buf, ends, count, tail, fallback_min, ends)
+            if longest > best:
+                best, best_source, best_found, best_history = longest, _GLOBAL, found, global_buf
+                best_ends, ends = ends, best_ends
+        if best:
+            draft_lens[b] = min(_vote(best_history, best_ends, best_found, drafts, b, alive), budgets[b])
+            sources[b] = best_source if draft_lens[b] else 0
 
 
 @njit(**_JIT)
 def vote(history, ends, drafts, row):
     """vote_continuation after ends ([n], oldest first) -> drafts[row]; its length."""
-    return _vote(history, ends, len(ends), drafts, row)
-
-
-def right_aligned(contexts: list[list[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
-    """([R, width] int32 with each context's last tokens at the right, [R] their lengths)."""
-    out = np.zeros((len(contexts), width), dtype=np.int32)
-    lens = np.fromiter((len(c) for c in contexts), dtype=np.int64, count=len(contexts))
-    for row, context in enumerate(contexts):
-        if context:
-            out[row, width - len(context):] = context
-    return out, lens
+    return _vote(history, ends, len(ends), drafts, row, np.empty(MAX_CANDIDATES, dtype=np.int64))

@@ -2,9 +2,9 @@
 
 ngram_rl's sibling source: a GRPO group's n samples of one prompt generate together, and by round t each has
 written what its siblings will often write next. Each round the drafting loop hands over every in-flight
-sequence (``update``); a sequence buffer takes only the round's new tokens (O(new tokens) a round), and each
-prompt whose sequences changed gets one flat history of them (ngram_match's layout: [SEP, output, SEP, ...,
-SEP * PAD]), concatenated once and shared by all its rows' drafts. A sequence left out of an update has
+sequence (``update``); a sequence buffer takes only the round's new tokens (O(new tokens) a round), and the
+round lays every prompt's outputs out in one arena, a block per prompt in ngram_match's layout ([SEP, output,
+SEP, ..., SEP * PAD]): one array that the batch kernel reads for every row (compiled_match.batch_drafts). A sequence left out of an update has
 finished or left the batch: it is dropped (its whole response reaches the prompt's history through observe).
 Memory: the in-flight outputs, twice at most. Not thread-safe: updated between collect and submit, while no
 prefetch runs (speculator.py), as the history is.
@@ -21,6 +21,7 @@ from verl_ext.speculation.ngram_match import PAD, SEP
 
 _PADDING = np.full(PAD, SEP, dtype=np.int32)
 _SEP = np.full(1, SEP, dtype=np.int32)
+_EMPTY = np.zeros(0, dtype=np.int32)
 
 
 class _Sequence:
@@ -46,7 +47,8 @@ class _Sequence:
 class LiveOutputs:
     def __init__(self):
         self._sequences: dict[int, _Sequence] = {}  # seq_id -> its output so far
-        self._flat: dict[int, np.ndarray] = {}  # prompt key -> flat history of its in-flight outputs
+        # (arena, prompt key -> (start, stop) of its block): replaced whole each round, never written after
+        self.layout: tuple[np.ndarray, dict[int, tuple[int, int]]] = (_EMPTY, {})
         self._versions: dict[int, int] = {}  # prompt key -> clock value of its last change
         self._clock = 0
 
@@ -69,27 +71,37 @@ class LiveOutputs:
             changed.add(self._sequences.pop(seq_id).prompt_key)
         if not changed:
             return
-        parts: dict[int, list[np.ndarray]] = {key: [] for key in changed}
-        for sequence in self._sequences.values():
-            if sequence.prompt_key in parts and sequence.length:
-                parts[sequence.prompt_key] += [_SEP, sequence.tokens[: sequence.length]]
         self._clock += 1
-        for key, segments in parts.items():
+        for key in changed:
             self._versions[key] = self._clock
-            if segments:
-                self._flat[key] = np.concatenate([*segments, _PADDING])
-            else:
-                self._flat.pop(key, None)
-                self._versions.pop(key, None)
+        self._lay_out()
+
+    def _lay_out(self) -> None:
+        """Every prompt's in-flight outputs in one arena: one block per prompt, [SEP, output, SEP, ..., SEP * PAD]."""
+        parts: dict[int, list[np.ndarray]] = {}
+        for sequence in self._sequences.values():
+            if sequence.length:
+                parts.setdefault(sequence.prompt_key, []).extend((_SEP, sequence.tokens[: sequence.length]))
+        blocks, spans, start = [], {}, 0
+        for key, segments in parts.items():
+            size = sum(len(s) for s in segments) + PAD
+            spans[key] = (start, start + size)
+            blocks += [*segments, _PADDING]
+            start += size
+        for key in [k for k in self._versions if k not in parts]:
+            del self._versions[key]
+        self.layout = (np.concatenate(blocks) if blocks else _EMPTY, spans)  # one assignment: readers see either
 
     def history(self, prompt_key: int) -> np.ndarray | None:
-        """[L] the prompt's in-flight outputs in ngram_match's layout; None when it has none."""
-        return self._flat.get(prompt_key)
+        """[L] the prompt's in-flight outputs in ngram_match's layout (a view of the arena); None when it has none."""
+        arena, spans = self.layout
+        span = spans.get(prompt_key)
+        return None if span is None else arena[span[0]: span[1]]
 
     def version(self, prompt_key: int) -> int:
         return self._versions.get(prompt_key, 0)
 
     def clear(self) -> None:
         self._sequences.clear()
-        self._flat.clear()
+        self.layout = (_EMPTY, {})
         self._versions.clear()

@@ -50,9 +50,11 @@ class PromptIndex(PrefetchWork):
         # matched suffix -> MAX_DRAFT_TOKENS draft; last max_n context tokens -> draft (long matches)
         self._drafts, self._by_context = carried if carried is not None else ({}, {})
 
-    def sorted_arrays(self) -> tuple[np.ndarray, ...]:
-        """(end tokens, ends by token, pair first, pair next, pair positions): compiled_match.prompt_drafts' index."""
-        return self._end_tokens, self._ends_by_token, self._pair_first, self._pair_next, self._pair_positions
+    def kernel_arrays(self) -> tuple[np.ndarray, ...]:
+        """(history, end tokens, ends by token, pair keys, pair positions): what compiled_match.batch_drafts reads
+        (by way of a PromptArena). A pair (x, t) is the key x << 32 | t: one binary search finds its run."""
+        pair_keys = (self._pair_first.astype(np.int64) << 32) | self._pair_next.astype(np.int64)
+        return self.history, self._end_tokens, self._ends_by_token, pair_keys, self._pair_positions
 
     def carry_over(self, changed: set[int]) -> tuple[dict, dict]:
         """The memos a next version keeps when the segments added or dropped hold only `changed` tokens: a key

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from verl_ext.speculation import DraftRequest, Drafter, SpecMetrics, prompt_key
-from verl_ext.speculation.drafters.base import Draft, source_of
+from verl_ext.speculation.drafters.base import Draft, TokenRows, source_of
 from verl_ext.speculation.prefetch import DraftPrefetcher
 
 
@@ -103,8 +103,10 @@ class RequestBook:
             if sampled_token_ids[i] and budget > 0:  # an empty entry is a prompt still prefilling
                 to_draft.append((i, draft_request, budget))
         requests, budgets = [r for _, r, _ in to_draft], [b for _, _, b in to_draft]
-        if self.prefetcher is None:
-            proposed = self.drafter.propose(requests, budgets)
+        if self.prefetcher is None:  # the rows' tokens as vLLM holds them: ngram_rl drafts the batch in one call
+            drafted_rows = np.fromiter((i for i, _, _ in to_draft), dtype=np.int64, count=len(to_draft))
+            token_rows = TokenRows(rows.token_ids, drafted_rows, np.asarray(rows.num_tokens[drafted_rows], np.int64))
+            proposed = self.drafter.propose(requests, budgets, token_rows)
         else:
             proposed = self.prefetcher.collect(requests, budgets)  # also stops the worker before _take_in writes
         proposed = [Draft([int(t) for t in d[:b]], source_of(d, "ngram_rl")) for d, b in zip(proposed, budgets)]

@@ -39,6 +39,17 @@ class DraftRequest:
         return DraftRequest(self.seq_id, self.prompt_key, self.prompt_tokens, _Appended(self.output_tokens, tokens))
 
 
+@dataclass(frozen=True)
+class TokenRows:
+    """The requests' prompts and outputs as rows of one token matrix, the way vLLM's InputBatch keeps them
+    (``token_ids``, ``num_tokens_no_spec``): a drafter that reads arrays takes contexts from here, not from the
+    requests' sequences, which it need not convert."""
+
+    token_ids: np.ndarray  # [N, W] int32
+    rows: np.ndarray  # [B] int64: request b's row in token_ids
+    lengths: np.ndarray  # [B] int64: request b's prompt + output tokens (its row's first lengths[b])
+
+
 class _Appended(Sequence[int]):
     """base + extra without copying base (the prefetcher extends long outputs by a few tokens, many times)."""
 
@@ -101,8 +112,10 @@ class Drafter(ABC):
     """
 
     @abstractmethod
-    def propose(self, requests: Sequence[DraftRequest], budgets: Sequence[int]) -> list[list[int]]:
-        """One draft per request, each at most budgets[i] tokens (possibly empty)."""
+    def propose(self, requests: Sequence[DraftRequest], budgets: Sequence[int],
+                rows: TokenRows | None = None) -> list[list[int]]:
+        """One draft per request, each at most budgets[i] tokens (possibly empty). `rows`: the same requests'
+        tokens as a matrix, where the caller keeps one (the same drafts, read faster by drafters that can)."""
 
     def observe(self, prompt_key: int, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> None:
         """A response finished; drafts proposed after this call may use it. Stateless drafters ignore it."""

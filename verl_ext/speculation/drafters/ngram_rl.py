@@ -6,12 +6,15 @@ match among the outputs its in-flight siblings have written so far (``siblings``
 together), the request's own prompt and output (``self``), and all prompts' recent responses (``global``);
 equal lengths go to the earlier source. Each draft names its source (``Draft.source``) for per-source metrics.
 
-`propose` drafts a batch through compiled_match.py (numba, one call per prompt's rows, GIL released);
-`propose_reference` is the same drafter in NumPy and Python, which the tests hold it to token for token.
+`propose` drafts a batch through compiled_match.batch_drafts (numba, GIL released): one call over the whole
+batch when the rows come as a token matrix (vLLM's route), two otherwise (the second builds whole contexts only
+for the rows the prompt's index leaves without a draft). `propose_reference` is the same drafter in NumPy and
+Python, which the tests hold it to token for token.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from typing import NamedTuple, Sequence
@@ -20,7 +23,7 @@ import numpy as np
 
 from verl_ext.speculation import compiled_match
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS, SpeculationConfig
-from verl_ext.speculation.drafters.base import Draft, DraftRequest, Drafter, DrafterStats
+from verl_ext.speculation.drafters.base import Draft, DraftRequest, Drafter, DrafterStats, TokenRows
 from verl_ext.speculation.global_history import GlobalHistory
 from verl_ext.speculation.history_cache import HistoryCache
 from verl_ext.speculation.live_outputs import LiveOutputs
@@ -28,6 +31,7 @@ from verl_ext.speculation.ngram_match import (PAD, SEP, continuation_counts, con
                                               vote_continuation)
 from verl_ext.speculation.outcome_drafts import OutcomeDrafts
 from verl_ext.speculation.outcome_table import OutcomeLevels, OutcomeTable
+from verl_ext.speculation.prompt_arena import ArenaView, PromptArena
 from verl_ext.speculation.prompt_index import PromptIndex
 from verl_ext.speculation.vote_memo import VoteMemo
 
@@ -37,8 +41,10 @@ _MAX_INDEXES = 1024
 # Outside the prompt's own history a one-token match says little (the global history holds every token many
 # times over): the request's own context and the global history need two.
 _FALLBACK_MIN_MATCH = 2
-_GLOBAL_CANDIDATES = 256  # most recent occurrences of the last two context tokens a global match starts from
 _PADDING = np.full(PAD, SEP, dtype=np.int32)
+_EMPTY = np.zeros(0, dtype=np.int32)
+_NO_SPAN = (0, 0)
+_NO_GLOBAL = (_EMPTY, np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), 0, 0, 0, 0)  # n = 0: off
 
 
 def _match_len(candidate: tuple) -> int:
@@ -48,6 +54,16 @@ def _match_len(candidate: tuple) -> int:
 class _IndexedPrompt(NamedTuple):
     index: PromptIndex
     outcome_levels: OutcomeLevels  # shared by the outcome tables of this version's sequences
+    slot: int  # where the index's arrays lie in the drafter's PromptArena
+
+
+def _tails(requests: Sequence[DraftRequest], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """([B, n] int32 with each request's last n context tokens first, [B] how many it has)."""
+    tails = [request.context_tail(n) for request in requests]
+    tokens = np.zeros((len(tails), n), dtype=np.int32)
+    for row, tail in enumerate(tails):
+        tokens[row, : len(tail)] = tail
+    return tokens, np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
 
 
 class _NoHistory(OutcomeDrafts):
@@ -87,6 +103,7 @@ class NgramRLDrafter(Drafter):
         # prompt key -> its index, least recently used first
         self._indexes: OrderedDict[int, _IndexedPrompt] = OrderedDict()
         self._indexes_lock = threading.Lock()  # the prefetch thread builds and reads indexes too
+        self._arena = PromptArena()  # the held indexes' arrays, for the batch kernel (slots change under the lock)
         # prompt key -> [SEP, *prompt] int32, the self source's start (a pure function of the key: a race at worst
         # builds one twice; cleared when it holds _MAX_INDEXES prompts)
         self._prompt_arrays: dict[int, np.ndarray] = {}
@@ -101,58 +118,93 @@ class NgramRLDrafter(Drafter):
     def has_fallback(self) -> bool:
         return self.live is not None or self.draft_from_self or self.global_history is not None
 
-    def propose(self, requests: Sequence[DraftRequest], budgets: Sequence[int]) -> list[list[int]]:
-        drafts = [Draft() for _ in requests]
-        rows_of: dict[int, list[int]] = {}  # a GRPO group's rows share their prompt's index: one call for them all
-        for row, budget in enumerate(budgets):
-            if budget > 0:
-                rows_of.setdefault(requests[row].prompt_key, []).append(row)
-        for key, rows in rows_of.items():
-            contexts, lens = compiled_match.right_aligned([requests[r].context_tail(self.max_n) for r in rows],
-                                                          self.max_n)
-            found = np.empty((len(rows), MAX_DRAFT_TOKENS), dtype=np.int32)  # [R, MAX_DRAFT_TOKENS]
-            found_lens = np.zeros(len(rows), dtype=np.int64)  # [R]
-            indexed = self._index(key)
-            if indexed is not None:
-                index = indexed.index
-                compiled_match.prompt_drafts(index.history, *index.sorted_arrays(), contexts, lens, self.min_n,
-                                             self.max_n, found, found_lens)
-            for k, row in enumerate(rows):
-                size = min(int(found_lens[k]), budgets[row])
-                if size:
-                    drafts[row] = Draft(found[k, :size].tolist(), "prompt")
-                else:
-                    drafts[row] = self._compiled_fallback(requests[row], contexts, lens, k, found)[:budgets[row]]
-        return drafts
+    def propose(self, requests: Sequence[DraftRequest], budgets: Sequence[int],
+                rows: TokenRows | None = None) -> list[list[int]]:
+        drafts, lengths, sources = self.draft_arrays(requests, budgets, rows)
+        names = compiled_match.SOURCES
+        return [Draft(drafts[b, :size].tolist(), names[sources[b]]) if size else Draft()
+                for b, size in enumerate(lengths.tolist())]
 
-    def _compiled_fallback(self, request: DraftRequest, contexts: np.ndarray, lens: np.ndarray, k: int,
-                           scratch: np.ndarray) -> Draft:
-        """_fallback for row k of `contexts`, compiled (scratch [R, MAX_DRAFT_TOKENS] receives the vote)."""
-        best: tuple[int, str | None, np.ndarray | None, np.ndarray | None] = (0, None, None, None)
-        if lens[k] == 0:
-            return Draft()
-        fallback_min = max(self.min_n, _FALLBACK_MIN_MATCH)
-        if self.live is not None:
-            history = self.live.history(request.prompt_key)
-            if history is not None:
-                n, ends = compiled_match.scan_match(history, contexts, k, lens, self.min_n, self.max_n)
-                best = max(best, (n, "siblings", history, ends), key=_match_len)
+    def draft_arrays(self, requests: Sequence[DraftRequest], budgets: Sequence[int],
+                     rows: TokenRows | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`propose`'s drafts as arrays: ([B, MAX_DRAFT_TOKENS] int32 tokens, [B] lengths, [B] indexes into
+        compiled_match.SOURCES), in one compiled call over the batch when the rows' tokens come as a matrix."""
+        count = len(requests)
+        budgets = np.asarray(budgets, dtype=np.int64)  # [B]
+        slots, live_spans, prompt_arena, live = self._row_sources(requests)
+        out = (np.empty((count, MAX_DRAFT_TOKENS), dtype=np.int32), np.zeros(count, dtype=np.int64),
+               np.zeros(count, dtype=np.int8))
+
+        def run(batch_rows, tokens, token_rows, lengths, use_prompt, use_fallback, use_self):
+            compiled_match.batch_drafts(batch_rows, tokens, token_rows, lengths, budgets, slots, prompt_arena, live,
+                                        live_spans, use_self, self._global_arrays(), self.min_n, self.max_n,
+                                        max(self.min_n, _FALLBACK_MIN_MATCH), use_prompt, use_fallback, *out)
+
+        everyone = np.arange(count, dtype=np.int64)
+        if rows is not None:
+            run(everyone, rows.token_ids, rows.rows, rows.lengths, True, True, self.draft_from_self)
+            return out
+        # Without a token matrix the context tails serve every source but self, which reads the whole context:
+        # that is built only for the rows the prompt's index leaves without a draft.
+        tails, lengths = _tails(requests, self.max_n)
+        run(everyone, tails, everyone, lengths, True, not self.draft_from_self, False)
         if self.draft_from_self:
-            own = self._own_history(request)
-            n, ends = compiled_match.scan_match(own, contexts, k, lens, fallback_min, self.max_n)
-            best = max(best, (n, "self", own, ends), key=_match_len)
-        if self.global_history is not None:
-            candidates = self.global_history.candidates(contexts[k, self.max_n - lens[k]:].tolist(), _GLOBAL_CANDIDATES)
-            if len(candidates):
-                history = self.global_history.buf
-                n, ends = compiled_match.candidate_match(history, candidates, contexts, k, lens, fallback_min,
-                                                         self.max_n)
-                best = max(best, (n, "global", history, ends), key=_match_len)
-        n, source, history, ends = best
-        if not n:
-            return Draft()
-        size = compiled_match.vote(history, ends, scratch, k)
-        return Draft(scratch[k, :size].tolist(), source)
+            again = np.flatnonzero((out[1] == 0) & (budgets > 0) & (lengths > 0))
+            if len(again):
+                contexts, context_rows, context_lengths = self._contexts(requests, again)
+                run(again, contexts, context_rows, context_lengths, False, True, True)
+        return out
+
+    def _row_sources(self, requests: Sequence[DraftRequest]) -> tuple:
+        """(slots [B], live spans [B, 2], the prompt arena's view, the live arena) for compiled_match.batch_drafts:
+        one index lookup per prompt (a GRPO group's rows share it), under one lock."""
+        prompt_of: dict[int, int] = {}  # prompt key -> its place in `keys`
+        row_prompt = [prompt_of.setdefault(r.prompt_key, len(prompt_of)) for r in requests]  # [B]
+        keys = list(prompt_of)
+        slots, prompt_arena = self._current_slots(keys)
+        stale = [key for key, slot in zip(keys, slots) if slot < 0 and self.cache.version(key)]
+        if stale:  # build outside the lock, then look once more
+            for key in stale:
+                self._index(key)
+            slots, prompt_arena = self._current_slots(keys)
+        live, spans = (_EMPTY, {}) if self.live is None else self.live.layout
+        live_spans = np.fromiter(itertools.chain.from_iterable(spans.get(key, _NO_SPAN) for key in keys),
+                                 dtype=np.int64, count=2 * len(keys)).reshape(len(keys), 2)
+        return np.asarray(slots, dtype=np.int64)[row_prompt], live_spans[row_prompt], prompt_arena, live
+
+    def _current_slots(self, keys: list[int]) -> tuple[list[int], ArenaView]:
+        """Each prompt's arena slot where its held index is current (-1: none or stale), marked as just used, and
+        the arena's view, read together under the lock: no slot is dropped or reused in between. Only a batch
+        of more prompts than the indexes held (_MAX_INDEXES), or a response observed meanwhile by another
+        thread, leaves an index stale after a build: that row drafts from the fallbacks this step."""
+        slots = []
+        with self._indexes_lock:
+            for key in keys:
+                entry = self._indexes.get(key)
+                if entry is None or entry.index.version != self.cache.version(key):
+                    slots.append(-1)
+                else:
+                    self._indexes.move_to_end(key)
+                    slots.append(entry.slot)
+            return slots, self._arena.view
+
+    def _global_arrays(self) -> tuple:
+        history = self.global_history
+        if history is None:
+            return _NO_GLOBAL
+        return history.buf, history.prev, history.heads, history.bits, history.base, history.live_start, history.n
+
+    def _contexts(self, requests: Sequence[DraftRequest], rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(tokens [len(rows), W], token row of every request (-1: not built), lengths [B]): the given rows' whole
+        contexts, prompt then output."""
+        owns = [self._own_history(requests[b]) for b in rows.tolist()]
+        tokens = np.zeros((len(owns), max(len(own) for own in owns) - 1 - PAD), dtype=np.int32)
+        token_rows = np.full(len(requests), -1, dtype=np.int64)
+        lengths = np.zeros(len(requests), dtype=np.int64)
+        for i, (b, own) in enumerate(zip(rows.tolist(), owns)):
+            tokens[i, : len(own) - 1 - PAD] = own[1: len(own) - PAD]
+            token_rows[b], lengths[b] = i, len(own) - 1 - PAD
+        return tokens, token_rows, lengths
 
     def propose_reference(self, requests: Sequence[DraftRequest], budgets: Sequence[int]) -> list[list[int]]:
         """`propose` in NumPy and Python, one row at a time through the memoised PromptIndex: the reference."""
@@ -198,7 +250,7 @@ class NgramRLDrafter(Drafter):
             own = self._own_history(request)
             yield "self", own, np.flatnonzero(own[:-1] == context[-1]), max(self.min_n, _FALLBACK_MIN_MATCH)
         if self.global_history is not None:
-            candidates = self.global_history.candidates(context, _GLOBAL_CANDIDATES)
+            candidates = self.global_history.candidates(context, compiled_match.GLOBAL_CANDIDATES)
             yield "global", self.global_history.buf, candidates, max(self.min_n, _FALLBACK_MIN_MATCH)
 
     def _own_history(self, request: DraftRequest) -> np.ndarray:
@@ -237,11 +289,13 @@ class NgramRLDrafter(Drafter):
         changed = None if previous is None else self.cache.changed_tokens(prompt_key, previous.index.version, version)
         carried = None if changed is None else previous.index.carry_over(changed)
         index = PromptIndex(history, version, self.min_n, self.max_n, self._votes, carried)
-        indexed = _IndexedPrompt(index, OutcomeLevels(index))
         with self._indexes_lock:
-            self._indexes.pop(prompt_key, None)
+            indexed = _IndexedPrompt(index, OutcomeLevels(index), self._arena.add(index.kernel_arrays()))
+            replaced = self._indexes.pop(prompt_key, None)  # a version before, or this one built by another thread
+            if replaced is not None:
+                self._arena.drop(replaced.slot)
             while len(self._indexes) >= _MAX_INDEXES:
-                self._indexes.popitem(last=False)
+                self._arena.drop(self._indexes.popitem(last=False)[1].slot)
             self._indexes[prompt_key] = indexed
         return indexed
 

@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS, SpeculationConfig
-from verl_ext.speculation.drafters.base import DraftRequest, Drafter
+from verl_ext.speculation.drafters.base import DraftRequest, Drafter, TokenRows
 from verl_ext.speculation.ngram_match import as_history, continuation_counts, extend_match, until_sep
 
 
@@ -18,7 +18,8 @@ class PromptLookupDrafter(Drafter):
     def __init__(self, config: SpeculationConfig):
         self.min_n, self.max_n = config.min_match, config.max_match
 
-    def propose(self, requests: Sequence[DraftRequest], budgets: Sequence[int]) -> list[list[int]]:
+    def propose(self, requests: Sequence[DraftRequest], budgets: Sequence[int],
+                rows: TokenRows | None = None) -> list[list[int]]:
         return [self._draft(request, budget) for request, budget in zip(requests, budgets)]
 
     def _match(self, request: DraftRequest) -> tuple[np.ndarray, np.ndarray]:

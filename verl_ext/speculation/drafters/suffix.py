@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from verl_ext.speculation.config import SpeculationConfig
-from verl_ext.speculation.drafters.base import DraftRequest, Drafter, DrafterStats
+from verl_ext.speculation.drafters.base import DraftRequest, Drafter, DrafterStats, TokenRows
 from verl_ext.speculation.global_history import GlobalHistory
 from verl_ext.speculation.ngram_match import continuation_counts, extend_match, frequent_continuation
 
@@ -29,7 +29,8 @@ class SuffixDrafter(Drafter):
         self._observed = 0
         self._lock = threading.Lock()  # the prefetch thread reads while the engine thread observes
 
-    def propose(self, requests: Sequence[DraftRequest], budgets: Sequence[int]) -> list[list[int]]:
+    def propose(self, requests: Sequence[DraftRequest], budgets: Sequence[int],
+                rows: TokenRows | None = None) -> list[list[int]]:
         with self._lock:
             return [self._draft(request, budget) for request, budget in zip(requests, budgets)]
 

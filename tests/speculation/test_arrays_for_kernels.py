@@ -1,0 +1,88 @@
+"""The arrays ngram_rl's batch kernel reads: the prompt arena (slots, snapshots that stay valid, rebuilds) and the
+global history's hash chain (the newest occurrences of an n-gram, against a scan of the live segments)."""
+
+import random
+
+import numpy as np
+
+from verl_ext.speculation.global_history import GlobalHistory
+from verl_ext.speculation.prompt_arena import PromptArena
+
+
+def _arrays(rng: random.Random) -> tuple[np.ndarray, ...]:
+    sizes = [rng.randrange(0, 300)] + [rng.randrange(0, 200)] * 2 + [rng.randrange(0, 100)] * 2
+    high = [1000, 1000, 1000, 1 << 40, 1000]  # the pair keys are int64
+    return tuple(np.asarray([rng.randrange(-1, high[f]) for _ in range(n)], dtype=np.int64 if f == 3 else np.int32)
+                 for f, n in enumerate(sizes))
+
+
+def _held(view, slot: int) -> list[list[int]]:
+    h0, h1, e0, e1, p0, p1 = view.bounds[slot].tolist()
+    spans = [(h0, h1), (e0, e1), (e0, e1), (p0, p1), (p0, p1)]
+    return [view[field][lo:hi].tolist() for field, (lo, hi) in enumerate(spans)]
+
+
+def test_every_slot_reads_back_its_arrays_and_old_views_stay_valid():
+    rng = random.Random(0)
+    arena, held, snapshots = PromptArena(), {}, []
+    for step in range(400):
+        if held and rng.random() < 0.4:
+            slot = rng.choice(sorted(held))
+            arena.drop(slot)
+            del held[slot]
+        else:
+            arrays = _arrays(rng)
+            slot = arena.add(arrays)
+            assert slot not in held
+            held[slot] = [a.tolist() for a in arrays]
+        for slot, arrays in held.items():
+            assert _held(arena.view, slot) == arrays, (step, slot)
+        assert len(arena) == len(held)
+        if step % 10 == 0:
+            snapshots.append((arena.view, dict(held)))
+    for view, then in snapshots:  # adds, drops and rebuilds since never touched what an older view reads
+        for slot, arrays in then.items():
+            assert _held(view, slot) == arrays
+
+
+def test_a_dropped_slot_reads_as_empty():
+    arena = PromptArena()
+    slot = arena.add(_arrays(random.Random(1)))
+    arena.drop(slot)
+    assert arena.view.bounds[slot].tolist() == [0] * 6
+
+
+def _scan(history: GlobalHistory, tail: list[int], limit: int) -> list[int]:
+    """Brute force: buffer indices ending `tail` in the live segments, the `limit` newest, oldest first."""
+    found = []
+    for start, end in history.segments:
+        for pos in range(start + len(tail), end):
+            i = pos - history.base
+            if history.buf[i - len(tail) + 1: i + 1].tolist() == tail:
+                found.append(i)
+    return found[-limit:] if limit else []
+
+
+def test_global_chain_finds_the_newest_occurrences_through_eviction_and_growth():
+    rng = random.Random(2)
+    history = GlobalHistory(2)
+    for step in range(1500):  # small vocabulary: long chains; the bound evicts; the buffer and table grow
+        history.append_bounded([rng.randrange(12) for _ in range(rng.randrange(1, 30))], 3000, 200)
+        if step % 25 == 0:
+            for _ in range(20):
+                tail = [rng.randrange(12), rng.randrange(12)]
+                for limit in (1, 7, 256):
+                    assert history.candidates([5, *tail], limit).tolist() == _scan(history, tail, limit)
+    assert history.num_tokens <= 3000 and len(history.heads) < 3 * 3000
+
+
+def test_the_chain_check_rejects_a_bucket_neighbour():
+    """With two buckets four n-grams share chains: only the occurrences of the one asked for come back."""
+    history = GlobalHistory(2)
+    history.append([1, 2, 3, 4, 1, 2])
+    history._rehash(2)
+    assert history.candidates([1, 2]).tolist() == [2, 6]
+    assert history.candidates([2, 3]).tolist() == [3]
+    assert history.candidates([3, 4]).tolist() == [4]
+    assert history.candidates([4, 1]).tolist() == [5]
+    assert history.candidates([2, 1]).tolist() == []
