@@ -3,7 +3,7 @@
 from transfer_queue import KVBatchMeta
 
 from verl_ext.trainer.batch_order import SubmissionOrder
-from verl_ext.trainer.sample_keys import SampleKey, format_key, parse_key
+from verl_ext.sample_keys import SampleKey, format_key, parse_key
 
 
 def test_batch_follows_the_dataloader_not_rollout_completion():

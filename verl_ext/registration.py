@@ -1,4 +1,24 @@
-"""Everything verl_ext adds to verl's registries, in one place."""
+"""Everything verl_ext adds to verl's and transformers' registries: made here, or listed here where it must be made
+where it is used.
+
+Made by `register_all`, in every process verl starts (the ``verl.plugins`` entry point, plugin.py):
+    RolloutReplicaRegistry  "hf" and "vllm" rollout replicas
+    worker rollout table    ("hf", "async") -> rollout.adapter.HFServerAdapter (compat.verl.register_worker_rollout)
+    PlatformRegistry        "cpu" (platform/cpu.py, registered on import)
+    TRAINER_REGISTRY        "verl_ext" (trainer/__init__.py, registered on import)
+    OmegaConf resolver      ${verl_ext_demo:...} (demo_resolver.py; main.py registers it too, before Hydra runs)
+
+Made where they are used, inside the Ray worker that needs them, because they depend on what that worker runs:
+    EngineRegistry          FSDP engines on "cpu" (workers/cpu_engines.py: register_cpu_engines, from
+                            workers/training_worker.py on a CPU worker), and the grouped engines on cuda and cpu
+                            (workers/grouped_engine.py: register_grouped_engines, when use_prefix_grouper)
+    AttentionInterface      "verl_ext_grouped" (attention/interface.py: register, when a model enters grouped mode)
+                            and the CPU rollout's GQA attention (rollout/gqa_attention.py: rollout_attention, with
+                            its AttentionMaskInterface entry, when the HF rollout runs sdpa on CPU)
+
+tests/test_registrations_listed.py holds this list to the code: every registry call in the package is in a
+module named here.
+"""
 
 HF_ROLLOUT = "hf"
 VLLM_ROLLOUT = "vllm"

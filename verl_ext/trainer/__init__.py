@@ -5,7 +5,6 @@ classes in ``PPOTrainer._init_resource_pool_mgr``; its trainer registry is the s
 ``VerlExtTrainer`` overrides verl's private trainer hooks under their public names
 (``verl_ext.compat.verl.TrainerHooks``), reads its settings from ``verl_ext.settings`` and hands each job on:
 
-    sample_keys             verl's sample keys ``{uid}_{session_id}_{index}``, made and taken apart in one place
     batch_order             a step's samples in submission order, so a run with full_determinism repeats
     group_balance           whole prompt groups per rank and update mini-batch (``actor.use_prefix_grouper``)
     rollout_metrics         the rollout's throughput, phase breakdown and speculation counters

@@ -8,7 +8,7 @@ output index) takes that variation out.
 import itertools
 from collections.abc import Iterable
 
-from verl_ext.trainer.sample_keys import parse_key
+from verl_ext.sample_keys import parse_key
 
 
 class SubmissionOrder:

@@ -9,7 +9,7 @@ from verl.utils.seqlen_balancing import log_seqlen_unbalance
 
 from verl_ext.grouping import balance_groups, uid_groups
 from verl_ext.settings import Settings
-from verl_ext.trainer.sample_keys import uids
+from verl_ext.sample_keys import uids
 
 
 def place_whole_groups(batch, dp_size: int, mini_batches: int, logging_prefix: str) -> dict:

@@ -40,7 +40,7 @@ from verl_ext.compat.verl import (
     registered_agent_loop,
 )
 from verl_ext.settings import read_rollout_settings
-from verl_ext.trainer.sample_keys import format_key
+from verl_ext.sample_keys import format_key
 from verl_ext.workers.group_scoring import batchable, score_trajectories
 
 __all__ = ["GroupAgentLoopManager", "GroupAgentLoopWorker"]

@@ -1,5 +1,7 @@
 """verl's sample keys, ``{uid}_{session_id}_{index}``: the one place they are made and taken apart.
 
+Below both of its users: the agent loop (workers/) makes them, the trainer (trainer/) reads them back.
+
 verl's agent loop names each trajectory in the replay buffer by its prompt's uid, the rollout (session) of that
 prompt and the output's index within the rollout; a uid may itself contain ``_``, so the key splits from the right.
 """
