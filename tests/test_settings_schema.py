@@ -189,6 +189,9 @@ def test_a_plain_config_parses():
     ({"actor_rollout_ref": {"actor": {"use_prefix_grouper": True, "fsdp_config": {"pad_to_length": True}}}},
      "actor.fsdp_config.pad_to_length=true"),
     ({"trainer": {"v1": {"sampler": {"poll_interval": -1}, "trainer_mode": "verl_ext"}}}, "must be > 0"),
+    ({"trainer": {"critic_warmup": -1}}, "trainer.critic_warmup=-1"),
+    ({"actor_rollout_ref": {"actor": {"use_prefix_grouper": True, "ppo_mini_batch_size": 0}}},
+     "actor.ppo_mini_batch_size=0"),
 ])
 def test_a_bad_value_names_its_key(sections, words):
     with pytest.raises(ConfigError) as error:

@@ -7,10 +7,11 @@ module receives these typed objects.
 
     section                    class                   keys (relative to the section)
     trainer                    TrainerSettings         device, v1.trainer_mode, v1.sampler.poll_interval,
-                                                       total_training_steps, total_epochs
+                                                       total_training_steps, total_epochs, critic_warmup
     actor_rollout_ref.rollout  RolloutSettings         custom.speculation.* (SpeculationConfig), custom.trace_dir,
                                                        full_determinism, free_cache_engine, engine_kwargs.hf.*, ...
-    actor_rollout_ref          PrefixGrouperSettings   actor.use_prefix_grouper and the keys it cannot run with
+    actor_rollout_ref          PrefixGrouperSettings   actor.use_prefix_grouper, the keys it cannot run with, and
+                                                       actor.ppo_mini_batch_size (whole groups per mini-batch)
     verl_ext                   ExtensionSettings       data_dir, report_dir, demo_profile
     data                       DataSettings            train_batch_size
 
@@ -57,6 +58,7 @@ class TrainerSettings:
     poll_interval: Optional[float] = _key("v1.sampler.poll_interval", default=None)
     total_training_steps: Optional[int] = _key("total_training_steps", default=None)  # None: verl's, from epochs
     total_epochs: int = _key("total_epochs", default=1)
+    critic_warmup: int = _key("critic_warmup", default=0)  # steps before the actor first updates (verl's meaning)
 
     def __post_init__(self) -> None:
         _check_choice("trainer.device", self.device, Device, "use cuda or cpu.")
@@ -64,6 +66,8 @@ class TrainerSettings:
             _check_count("trainer.total_training_steps", self.total_training_steps,
                          "or drop it (null) to train for trainer.total_epochs")
         _check_count("trainer.total_epochs", self.total_epochs)
+        if isinstance(self.critic_warmup, bool) or not isinstance(self.critic_warmup, int) or self.critic_warmup < 0:
+            raise ConfigError(f"trainer.critic_warmup={self.critic_warmup!r} must be a step count >= 0 (verl's default 0).")
         if self.poll_interval is None:
             return
         if self.trainer_mode != "verl_ext":
@@ -148,6 +152,8 @@ class PrefixGrouperSettings:
     use_fused_kernels: bool = _key("model.use_fused_kernels", default=False)
     pad_to_length: Mapping[str, bool] = _key("actor.fsdp_config.pad_to_length", "ref.fsdp_config.pad_to_length",
                                              default_factory=dict)  # key -> value
+    # prompts per update mini-batch (verl's meaning and default): whole groups are placed per mini-batch
+    mini_batch_size: int = _key("actor.ppo_mini_batch_size", default=256)
 
     def __post_init__(self) -> None:
         flag = f"{self.PREFIX}.actor.use_prefix_grouper"
@@ -169,6 +175,7 @@ class PrefixGrouperSettings:
         for key, on in self.pad_to_length.items():
             if on:
                 raise ConfigError(f"{flag} does not support {self.PREFIX}.{key}=true; set it to false.")
+        _check_count(f"{self.PREFIX}.actor.ppo_mini_batch_size", self.mini_batch_size, "(verl's default: 256)")
 
 
 @dataclass(frozen=True)
@@ -349,9 +356,8 @@ def _is_number(value) -> bool:
 # of paths and Ray, the rollout servers, the trainer and the workers.
 VERL_KEYS = frozenset({
     "actor_rollout_ref.model.path", "data.train_files", "data.val_files", "reward.custom_reward_function.path",
-    "actor_rollout_ref.actor.ppo_mini_batch_size",
     "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.logger",
-    "trainer.critic_warmup", "trainer.default_local_dir", "trainer.resume_mode", "trainer.resume_from_path",
+    "trainer.default_local_dir", "trainer.resume_mode", "trainer.resume_from_path",
     "ray_kwargs.ray_init.address", "ray_kwargs.ray_init.num_cpus", "ray_kwargs.ray_init.num_gpus",
     "ray_kwargs.ray_init.runtime_env.env_vars.TQ_NUM_THREADS",
     "actor_rollout_ref.rollout.dtype", "actor_rollout_ref.rollout.load_format",

@@ -21,7 +21,7 @@ from verl_ext.compat.verl import SyncTrainerMode, TrainerHooks, data_parallel_si
 from verl_ext.settings import Settings, read_settings
 from verl_ext.trainer import speculation_checkpoint
 from verl_ext.trainer.batch_order import SubmissionOrder
-from verl_ext.trainer.group_balance import place_whole_groups, update_mini_batches
+from verl_ext.trainer.group_balance import check_mini_batches, place_whole_groups, update_mini_batches
 from verl_ext.trainer.rollout_metrics import rollout_metrics
 from verl_ext.trainer.rollout_servers import dead_server_named, verl_ext_servers
 from verl_ext.workers import ActorRolloutRefWorker, TrainingWorker
@@ -49,6 +49,8 @@ class VerlExtTrainer(SyncTrainerMode, TrainerHooks, PPOTrainerSync):
         self.submission_order = SubmissionOrder()
 
     def fit(self, agent_loop_manager):
+        if self.settings.prefix_grouper.enabled:  # the workers exist now; no rollout has run yet
+            check_mini_batches(self.settings, data_parallel_size(self.actor_rollout_wg, "actor"))
         with dead_server_named(self):
             return super().fit(agent_loop_manager)
 
@@ -76,7 +78,7 @@ class VerlExtTrainer(SyncTrainerMode, TrainerHooks, PPOTrainerSync):
         batch = super().balance_batch(batch, metrics, logging_prefix, keep_minibatch)
         if self.settings.prefix_grouper.enabled:
             dp_size = data_parallel_size(self.actor_rollout_wg, "actor")
-            mini_batches = update_mini_batches(self.config, self.settings, self.global_steps, len(batch), dp_size)
+            mini_batches = update_mini_batches(self.settings, self.global_steps, len(batch), dp_size)
             metrics.update(place_whole_groups(batch, dp_size, mini_batches, logging_prefix))
         return batch
 
