@@ -21,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from verl_ext.demo_resolver import RESOLVER
 from verl_ext.platform import vllm_cpu
 from verl_ext.settings import ConfigError, Settings, read_settings
+from verl_ext.vllm import engine_args
 
 __all__ = ["ConfigError", "check", "check_before_data", "check_before_verl", "check_paths", "check_recipe_name",
            "check_rollout_backend"]
@@ -130,6 +131,7 @@ def check(config: DictConfig) -> None:
 def check_before_data(config: DictConfig) -> Settings:
     """Every check that needs no built data, so a typo is reported in seconds, not after the build."""
     settings = read_settings(config)
+    engine_args.check_rollout(settings.rollout)  # the vLLM route's own check (the schema knows no route)
     _check_device_visible(settings.trainer.device)
     check_paths(config, skip_built=True)
     return settings

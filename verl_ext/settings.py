@@ -99,7 +99,7 @@ class RolloutSettings:
     speculation: Optional[SpeculationConfig] = _key("custom.speculation", default=None)
     speculation_keys: frozenset[str] = _key("custom.speculation", default=frozenset())  # the keys given
     sampling: Mapping[str, Any] = _key(*SAMPLING_KEYS, default_factory=dict)  # the sampling options set
-    # what verl's vLLM rollout would run beside speculation (verl_ext.vllm.engine_args.check_vllm_rollout)
+    # what verl's vLLM rollout would run beside speculation (verl_ext.vllm.engine_args.check_rollout)
     data_parallel_size: int = _key("data_parallel_size", "engine_kwargs.vllm.data_parallel_size", default=1)
     engine_speculative_config: bool = _key("engine_kwargs.vllm.speculative_config", default=False)
     mtp_rollout: bool = _key("mtp.enable", "mtp.enable_rollout", default=False)
@@ -121,12 +121,10 @@ class RolloutSettings:
             self._check_speculation()
 
     def _check_speculation(self) -> None:
-        from verl_ext.vllm.engine_args import check_vllm_rollout
-
+        # What a vLLM rollout must not be given besides is the vLLM route's to check (vllm/engine_args.py:
+        # check_rollout, run by preflight and by verl_ext's vLLM server): the schema depends on no consumer.
         try:
             check_sampling_supported(self.sampling)
-            if self.name == "vllm":
-                check_vllm_rollout(self)
         except ValueError as error:
             raise ConfigError(f"{SPECULATION}: {error}") from None
         if self.name not in ("hf", "vllm"):

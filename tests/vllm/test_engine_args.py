@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 from verl_ext.settings import ConfigError, read_rollout_settings
 from verl_ext.speculation import SpeculationConfig
 from verl_ext.vllm import vllm_speculative_config
-from verl_ext.vllm.engine_args import NGRAM_RL_PROPOSER, VLLM_SETTINGS, check_settings, drafter_settings
+from verl_ext.vllm.engine_args import (NGRAM_RL_PROPOSER, VLLM_SETTINGS, check_settings, drafter_settings,
+                                       read_checked_rollout)
 from verl_ext.vllm.proposer import NgramRLProposer
 
 
@@ -69,7 +70,7 @@ def test_each_method_accepts_the_settings_it_reads(method):
 ])
 def test_settings_vllm_does_not_read_are_refused(settings, unread):
     with pytest.raises(ConfigError) as error:
-        read_rollout_settings(_rollout(custom={"speculation": settings}))
+        read_checked_rollout(_rollout(custom={"speculation": settings}))
     assert unread in str(error.value) and "rollout.name=hf" in str(error.value)
 
 
@@ -85,7 +86,7 @@ def _speculation(method):
 
 
 def test_vllm_rollout_check_passes_a_good_rollout():
-    assert read_rollout_settings(_rollout()).speculation.num_draft_tokens == 8
+    assert read_checked_rollout(_rollout()).speculation.num_draft_tokens == 8
 
 
 @pytest.mark.parametrize("overrides,words", [
@@ -97,13 +98,13 @@ def test_vllm_rollout_check_passes_a_good_rollout():
 ])
 def test_vllm_rollout_check_refuses_conflicts(overrides, words):
     with pytest.raises(ConfigError, match=words):
-        read_rollout_settings(_rollout(**overrides))
-    read_rollout_settings(_rollout(**overrides, **_speculation("none")))  # control: speculation off, nothing to refuse
+        read_checked_rollout(_rollout(**overrides))
+    read_checked_rollout(_rollout(**overrides, **_speculation("none")))  # control: speculation off, nothing to refuse
 
 
 @pytest.mark.parametrize("method", ["none", "prompt_lookup"])
 def test_data_parallel_vllm_is_fine_without_a_per_prompt_history(method):
-    read_rollout_settings(_rollout(data_parallel_size=2, **_speculation(method)))
+    read_checked_rollout(_rollout(data_parallel_size=2, **_speculation(method)))
 
 
 def test_the_server_reads_the_rollout_config_verl_hands_it():

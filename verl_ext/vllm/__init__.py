@@ -34,6 +34,6 @@ Modules (only ``vllm_server`` and ``worker_extension`` import vLLM at import tim
     offline           vLLM's offline ``LLM`` with the same wiring, for generating outside verl
 """
 
-from verl_ext.vllm.engine_args import check_vllm_rollout, vllm_speculative_config
+from verl_ext.vllm.engine_args import check_rollout, read_checked_rollout, vllm_speculative_config
 
-__all__ = ["check_vllm_rollout", "vllm_speculative_config"]
+__all__ = ["check_rollout", "read_checked_rollout", "vllm_speculative_config"]

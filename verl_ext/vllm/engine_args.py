@@ -8,12 +8,10 @@ is the rule of ``verl_ext.speculation.verifier``; so outputs follow the policy w
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
 
+from verl_ext.settings import SPECULATION, ConfigError, RolloutSettings, read_rollout_settings
 from verl_ext.speculation import SpeculationConfig
-
-if TYPE_CHECKING:
-    from verl_ext.settings import RolloutSettings
 
 NGRAM_RL_PROPOSER = "verl_ext.vllm.proposer.NgramRLProposer"
 # verl's worker extension plus the collective_rpc methods that attach and checkpoint the ngram_rl proposer.
@@ -84,8 +82,26 @@ def check_settings(method: str, given: Iterable[str]) -> None:
         )
 
 
+def read_checked_rollout(rollout) -> RolloutSettings:
+    """read_rollout_settings, then `check_rollout`: what verl_ext's vLLM server reads its rollout config with."""
+    settings = read_rollout_settings(rollout)
+    check_rollout(settings)
+    return settings
+
+
+def check_rollout(settings: RolloutSettings) -> None:
+    """Start-up check of a vLLM rollout with speculation on (preflight and the vLLM server run it); ConfigError,
+    one line naming the key and the fix. Nothing to check for another rollout or with speculation off."""
+    if settings.name != "vllm" or settings.speculation is None:
+        return
+    try:
+        check_vllm_rollout(settings)
+    except ValueError as error:
+        raise ConfigError(f"{SPECULATION}: {error}") from None
+
+
 def check_vllm_rollout(settings: RolloutSettings) -> None:
-    """Start-up check of a vLLM rollout with speculation on (the schema runs it); ValueError says the fix."""
+    """The conflicts of a vLLM rollout with speculation on; ValueError says the fix."""
     method = settings.speculation.method
     check_settings(method, settings.speculation_keys)
     if settings.engine_speculative_config:

@@ -18,9 +18,9 @@ from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, 
 
 from verl_ext.compat.verl import VllmServerHooks
 from verl_ext.rollout.request_seeds import RequestSeeds
-from verl_ext.settings import RolloutSettings, read_rollout_settings
+from verl_ext.settings import RolloutSettings
 from verl_ext.speculation import SpecMetrics
-from verl_ext.vllm.engine_args import WORKER_EXTENSION, drafter_settings, vllm_speculative_config
+from verl_ext.vllm.engine_args import WORKER_EXTENSION, drafter_settings, read_checked_rollout, vllm_speculative_config
 from verl_ext.vllm.spec_metrics import VllmSpecTotals, read_totals, spec_metrics
 
 
@@ -41,7 +41,7 @@ class VerlExtvLLMServer(VllmServerHooks, vLLMHttpServer):
     @functools.cached_property
     def settings(self) -> RolloutSettings:
         """verl_ext's settings of this rollout (verl hands the server its rollout config only)."""
-        return read_rollout_settings(self.config)
+        return read_checked_rollout(self.config)
 
     @property
     def speculation(self):
