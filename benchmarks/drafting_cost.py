@@ -16,7 +16,8 @@ tokens drafted per row and step, for
     vllm       vLLM 0.24's own `ngram` proposer kernel (batch_propose_numba, one thread) on each row's whole
                context (prompt + output) at the same steps, run in .venv-vllm (skipped with a line if absent)
 and the share of a decode step: one forward of B rows, one token each, over a 512-token KV cache, of the
-embedded demo's model (random weights), timed here.
+embedded demo's model (random weights), timed here. A line per batch adds what ngram_rl pays once a round
+besides drafting: taking in the siblings' outputs (observe_live), which vLLM's kernel has no counterpart of.
 """
 
 from __future__ import annotations
@@ -69,10 +70,11 @@ def replay(method: str, batch: int, steps: int, warmup: int) -> dict:
     keys = [prompt_key(p) for p in prompts]
     outputs = [answer[:1] for _, answer in rows]
     matrix = _matrix([prompts[p] + answer for p, answer in rows])  # past each row's length: tokens not yet written
-    seconds, drafted, lengths = [], [], []
+    seconds, live_seconds, drafted, lengths = [], [], [], []
     for _ in range(steps):
         requests = [DraftRequest(r, keys[p], prompts[p], outputs[r]) for r, (p, _) in enumerate(rows)]
-        token_rows = TokenRows(matrix, np.arange(batch), np.asarray([PROMPT_LEN + len(o) for o in outputs]))
+        token_rows = TokenRows(matrix, np.arange(batch), np.asarray([PROMPT_LEN + len(o) for o in outputs]),
+                               np.full(batch, PROMPT_LEN))
         start = time.perf_counter()
         if method == "matrix":
             tokens, sizes, _ = drafter.draft_arrays(requests, [BUDGET] * batch, token_rows)
@@ -83,7 +85,9 @@ def replay(method: str, batch: int, steps: int, warmup: int) -> dict:
             drafts = [tokens[r, :size].tolist() for r, size in enumerate(sizes.tolist())]
         drafted.append(sum(len(d) for d in drafts))
         lengths.append([len(o) for o in outputs])
-        drafter.observe_live(requests)
+        start = time.perf_counter()
+        drafter.observe_live(requests, token_rows if method == "matrix" else None)  # siblings' outputs, a round
+        live_seconds.append(time.perf_counter() - start)
         for r, (_, answer) in enumerate(rows):
             done = len(outputs[r])
             accepted = 0
@@ -92,6 +96,7 @@ def replay(method: str, batch: int, steps: int, warmup: int) -> dict:
             outputs[r] = answer[: min(len(answer), done + accepted + 1)]
     timed = seconds[warmup:]
     return dict(step_s=statistics.median(timed), per_row_us=1e6 * statistics.median(timed) / batch,
+                live_us=1e6 * statistics.median(live_seconds[warmup:]) / batch,
                 tokens_per_row=sum(drafted[warmup:]) / (len(timed) * batch), lengths=lengths[warmup:],
                 drafts=drafted)
 
@@ -193,6 +198,8 @@ def main() -> None:
                 continue
             print(f"{batch:>5} {method:>9} | {1e3 * r['step_s']:>8.2f} {r['per_row_us']:>7.2f} "
                   f"{r['tokens_per_row']:>7.2f} | {1e3 * decode:>9.2f} {r['step_s'] / decode:>6.1%}")
+        print(f"{batch:>5} (ngram_rl also takes in the siblings' outputs once a round, observe_live, us/row: "
+              f"from requests {results['compiled']['live_us']:.2f}, from the matrix {results['matrix']['live_us']:.2f})")
 
 
 if __name__ == "__main__":

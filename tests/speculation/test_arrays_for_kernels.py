@@ -86,3 +86,31 @@ def test_the_chain_check_rejects_a_bucket_neighbour():
     assert history.candidates([3, 4]).tolist() == [4]
     assert history.candidates([4, 1]).tolist() == [5]
     assert history.candidates([2, 1]).tolist() == []
+
+
+def test_live_outputs_from_a_token_matrix_equal_those_from_requests():
+    """take_rows (vLLM's route: one compiled copy from the matrix) lays out each prompt's block as update does
+    from the requests, given the rows in the order update first saw them."""
+    from verl_ext.speculation import DraftRequest
+    from verl_ext.speculation.drafters.base import TokenRows
+    from verl_ext.speculation.live_outputs import LiveOutputs
+
+    rng = random.Random(3)
+    for _ in range(30):
+        prompts = [[rng.randrange(50) for _ in range(rng.randrange(1, 6))] for _ in range(4)]
+        requests = [DraftRequest(seq, key, prompts[key], [rng.randrange(50) for _ in range(rng.randrange(0, 9))])
+                    for seq, key in enumerate(rng.choices(range(4), k=rng.randrange(1, 12)))]
+        contexts = [[*r.prompt_tokens, *r.output_tokens] for r in requests]
+        matrix = np.full((len(requests), max(map(len, contexts)) + 3), 99, dtype=np.int32)  # 99: stale tokens
+        for row, context in enumerate(contexts):
+            matrix[row, : len(context)] = context
+        rows = TokenRows(matrix, np.arange(len(requests)), np.asarray([len(c) for c in contexts]),
+                         np.asarray([len(r.prompt_tokens) for r in requests]))
+        from_requests, from_matrix = LiveOutputs(), LiveOutputs()
+        from_requests.update(requests)
+        from_matrix.take_rows(np.asarray([r.prompt_key for r in requests], dtype=np.int64), rows)
+        for key in range(5):
+            want, got = from_requests.history(key), from_matrix.history(key)
+            assert (want is None and got is None) or want.tolist() == got.tolist(), key
+            if want is not None:
+                assert from_matrix.version(key) > 0

@@ -15,13 +15,47 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from numba import njit
 
-from verl_ext.speculation.drafters.base import DraftRequest
+from verl_ext.speculation.drafters.base import DraftRequest, TokenRows
 from verl_ext.speculation.ngram_match import PAD, SEP
 
 _PADDING = np.full(PAD, SEP, dtype=np.int32)
 _SEP = np.full(1, SEP, dtype=np.int32)
 _EMPTY = np.zeros(0, dtype=np.int32)
+
+
+@njit(nogil=True, cache=True)
+def _lay_out_rows(prompt_keys, token_ids, rows, starts, stops):
+    """One block per prompt ([SEP, output, SEP, ..., SEP * PAD]) of the rows' outputs token_ids[rows[b],
+    starts[b]:stops[b]], in row order; (arena, the prompts' keys, their blocks' starts and stops)."""
+    kept = np.flatnonzero(stops > starts)
+    order = kept[np.argsort(prompt_keys[kept], kind="mergesort")]  # stable: rows of a prompt stay in row order
+    size = 0
+    blocks = 0
+    for i in range(len(order)):
+        size += 1 + stops[order[i]] - starts[order[i]]
+        if i == 0 or prompt_keys[order[i]] != prompt_keys[order[i - 1]]:
+            blocks += 1
+    arena = np.full(size + blocks * PAD, SEP, dtype=np.int32)
+    keys = np.empty(blocks, dtype=np.int64)
+    block_starts = np.empty(blocks, dtype=np.int64)
+    block_stops = np.empty(blocks, dtype=np.int64)
+    at, block = 0, -1
+    for i in range(len(order)):
+        row = order[i]
+        if i == 0 or prompt_keys[row] != prompt_keys[order[i - 1]]:
+            if block >= 0:
+                at += PAD
+                block_stops[block] = at
+            block += 1
+            keys[block], block_starts[block] = prompt_keys[row], at
+        length = stops[row] - starts[row]
+        arena[at + 1: at + 1 + length] = token_ids[rows[row], starts[row]: stops[row]]
+        at += 1 + length
+    if block >= 0:
+        block_stops[block] = at + PAD
+    return arena, keys, block_starts, block_stops
 
 
 class _Sequence:
@@ -91,6 +125,19 @@ class LiveOutputs:
         for key in [k for k in self._versions if k not in parts]:
             del self._versions[key]
         self.layout = (np.concatenate(blocks) if blocks else _EMPTY, spans)  # one assignment: readers see either
+
+    def take_rows(self, prompt_keys: np.ndarray, rows: TokenRows) -> None:
+        """`update` from a token matrix (vLLM's route): every in-flight sequence is row b of `rows` (prompt then
+        output), prompt prompt_keys[b]. The arena is laid out by one compiled copy, a prompt's outputs in row
+        order; every prompt held before or now gets a new version (a conservative version: it only has to change
+        when a draft could). The per-sequence buffers of `update` are dropped: the matrix is whole each round."""
+        arena, keys, starts, stops = _lay_out_rows(prompt_keys, rows.token_ids, rows.rows, rows.prompt_lengths,
+                                                   rows.lengths)
+        spans = dict(zip(keys.tolist(), zip(starts.tolist(), stops.tolist())))
+        self._clock += 1
+        self._versions = {key: self._clock for key in {*spans, *self.layout[1]}}
+        self._sequences.clear()
+        self.layout = (arena, spans)
 
     def history(self, prompt_key: int) -> np.ndarray | None:
         """[L] the prompt's in-flight outputs in ngram_match's layout (a view of the arena); None when it has none."""

@@ -94,8 +94,11 @@ class RequestBook:
         in_batch = set(rows.req_ids[:num_rows])
         synced = [self._sync_row(rows, i, live) for i in range(num_rows)]
         in_flight = [request.as_draft_request() for request in synced]
+        batch_rows = np.arange(num_rows)  # the in-flight rows as vLLM holds them: the drafter reads them there
+        in_flight_rows = TokenRows(rows.token_ids, batch_rows, np.asarray(rows.num_tokens[:num_rows], np.int64),
+                                   np.asarray(rows.num_prompt_tokens[:num_rows], np.int64))
         if self._last_rows.isdisjoint(in_batch):  # a new batch
-            self._take_in(in_batch, live, in_flight)
+            self._take_in(in_batch, live, in_flight, in_flight_rows)
         self._last_rows = in_batch
         to_draft: list[tuple[int, DraftRequest, int]] = []  # (row, request as the drafter sees it, budget)
         for i, draft_request in enumerate(in_flight):
@@ -103,14 +106,14 @@ class RequestBook:
             if sampled_token_ids[i] and budget > 0:  # an empty entry is a prompt still prefilling
                 to_draft.append((i, draft_request, budget))
         requests, budgets = [r for _, r, _ in to_draft], [b for _, _, b in to_draft]
-        if self.prefetcher is None:  # the rows' tokens as vLLM holds them: ngram_rl drafts the batch in one call
-            drafted_rows = np.fromiter((i for i, _, _ in to_draft), dtype=np.int64, count=len(to_draft))
-            token_rows = TokenRows(rows.token_ids, drafted_rows, np.asarray(rows.num_tokens[drafted_rows], np.int64))
-            proposed = self.drafter.propose(requests, budgets, token_rows)
+        if self.prefetcher is None:  # ngram_rl drafts the batch in one compiled call from vLLM's token matrix
+            drafted = np.fromiter((i for i, _, _ in to_draft), dtype=np.int64, count=len(to_draft))
+            proposed = self.drafter.propose(requests, budgets, TokenRows(rows.token_ids, drafted,
+                                                                         in_flight_rows.lengths[drafted]))
         else:
             proposed = self.prefetcher.collect(requests, budgets)  # also stops the worker before _take_in writes
         proposed = [Draft([int(t) for t in d[:b]], source_of(d, "ngram_rl")) for d, b in zip(proposed, budgets)]
-        self._take_in(in_batch, live, in_flight)
+        self._take_in(in_batch, live, in_flight, in_flight_rows)
         if self.prefetcher is not None:
             self.prefetcher.submit(requests, proposed)
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
@@ -119,10 +122,11 @@ class RequestBook:
             drafts[i] = list(draft)
         return drafts
 
-    def _take_in(self, in_batch: Container[str], live: Container[str], in_flight: Sequence[DraftRequest]) -> None:
+    def _take_in(self, in_batch: Container[str], live: Container[str], in_flight: Sequence[DraftRequest],
+                 in_flight_rows: TokenRows) -> None:
         """Hand the drafter the responses that finished and the outputs still growing."""
         self.retire(in_batch, live)
-        self.drafter.observe_live(in_flight)
+        self.drafter.observe_live(in_flight, in_flight_rows)
 
     def retire(self, in_batch: Container[str], live: Container[str]) -> None:
         """Feed the history with every tracked request that is neither in the batch nor live."""

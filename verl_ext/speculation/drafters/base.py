@@ -48,6 +48,7 @@ class TokenRows:
     token_ids: np.ndarray  # [N, W] int32
     rows: np.ndarray  # [B] int64: request b's row in token_ids
     lengths: np.ndarray  # [B] int64: request b's prompt + output tokens (its row's first lengths[b])
+    prompt_lengths: np.ndarray | None = None  # [B] int64: request b's prompt tokens, where known
 
 
 class _Appended(Sequence[int]):
@@ -120,9 +121,10 @@ class Drafter(ABC):
     def observe(self, prompt_key: int, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> None:
         """A response finished; drafts proposed after this call may use it. Stateless drafters ignore it."""
 
-    def observe_live(self, requests: Sequence[DraftRequest]) -> None:
+    def observe_live(self, requests: Sequence[DraftRequest], rows: TokenRows | None = None) -> None:
         """Every sequence still generating, once a round (after its drafts are fixed); drafts proposed after this
-        call may use their outputs so far. Drafters that draft only from finished responses ignore it."""
+        call may use their outputs so far. `rows`: the same sequences as a token matrix, with their prompt
+        lengths, where the caller keeps one. Drafters that draft only from finished responses ignore it."""
 
     def next_token_counts(self, request: DraftRequest) -> list[tuple[int, int]]:
         """(token, count) continuations the drafter's state knows after this context, most frequent first.

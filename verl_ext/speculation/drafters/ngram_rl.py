@@ -306,8 +306,12 @@ class NgramRLDrafter(Drafter):
             self._global_version += 1
         self._observed += 1
 
-    def observe_live(self, requests: Sequence[DraftRequest]) -> None:
-        if self.live is not None:
+    def observe_live(self, requests: Sequence[DraftRequest], rows: TokenRows | None = None) -> None:
+        if self.live is None:
+            return
+        if rows is not None and rows.prompt_lengths is not None:  # laid out from the matrix, in compiled code
+            self.live.take_rows(np.fromiter((r.prompt_key for r in requests), np.int64, len(requests)), rows)
+        else:
             self.live.update(requests)
 
     def version(self, prompt_key: int) -> tuple[int, int, int]:
