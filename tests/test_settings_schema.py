@@ -190,6 +190,9 @@ def test_a_plain_config_parses():
      "actor.fsdp_config.pad_to_length=true"),
     ({"trainer": {"v1": {"sampler": {"poll_interval": -1}, "trainer_mode": "verl_ext"}}}, "must be > 0"),
     ({"trainer": {"critic_warmup": -1}}, "trainer.critic_warmup=-1"),
+    ({"verl_ext": {"grouped_attention": "xformers"}}, "verl_ext.grouped_attention=xformers"),
+    ({"verl_ext": {"grouped_attention": "flex"}}, "flex needs CUDA"),  # trainer.device=cpu
+    ({"verl_ext": {"grouped_attention": "flash"}}, "flash needs CUDA"),
     ({"actor_rollout_ref": {"actor": {"use_prefix_grouper": True, "ppo_mini_batch_size": 0}}},
      "actor.ppo_mini_batch_size=0"),
 ])
@@ -197,6 +200,16 @@ def test_a_bad_value_names_its_key(sections, words):
     with pytest.raises(ConfigError) as error:
         read_settings(_config(**sections))
     assert words in str(error.value) and "\n" not in str(error.value)
+
+
+def test_grouped_attention_on_cuda_refuses_only_what_cannot_run():
+    import importlib.util
+
+    on_cuda = {"trainer": {"device": "cuda"}}
+    assert read_settings(_config(verl_ext={"grouped_attention": "flex"}, **on_cuda)).extension.grouped_attention == "flex"
+    if importlib.util.find_spec("flash_attn") is None:  # this environment has none
+        with pytest.raises(ConfigError, match="flash needs flash-attn, which is not installed"):
+            read_settings(_config(verl_ext={"grouped_attention": "flash"}, **on_cuda))
 
 
 def test_demo_profiles_are_the_builds():

@@ -1,19 +1,22 @@
-"""Ray's start-up settings for a CPU run: the config's ``ray_kwargs.ray_init`` and this process's environment.
+"""Ray's start-up settings: the config's ``ray_kwargs.ray_init`` and this process's environment.
 
 verl starts Ray from ``ray_kwargs.ray_init``; on CPU the training ranks need logical GPU slots there (see
-``verl_ext.platform.cpu``) and TransferQueue a thread count that fits the machine. ``verl_ext.main`` calls
-``prepare_ray`` after the start-up checks, before verl starts Ray.
+``verl_ext.platform.cpu``) and TransferQueue a thread count that fits the machine. The settings verl_ext's
+workers read from the environment travel in its ``runtime_env`` (``verl_ext.grouped_attention``, which verl hands
+no worker). ``verl_ext.main`` calls ``prepare_ray`` after the start-up checks, before verl starts Ray.
 """
 
 import os
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from verl_ext.settings import ConfigError, read_trainer_settings
+from verl_ext.settings import GROUPED_ATTENTION_ENV, ConfigError, read_extension_settings, read_trainer_settings
 
 
 def prepare_ray(config: DictConfig) -> None:
-    """On CPU, give a local Ray cluster one logical GPU slot per training rank (see verl_ext.platform.cpu)."""
+    """The workers' environment; on CPU, a local Ray cluster with one logical GPU slot per training rank (see
+    verl_ext.platform.cpu)."""
+    _export_grouped_attention(config)
     if read_trainer_settings(config.trainer).device != "cpu":
         return
     ray_init = config.ray_kwargs.ray_init
@@ -31,6 +34,17 @@ def prepare_ray(config: DictConfig) -> None:
                     "`ray start` on each node (CPU nodes: --num-gpus=N slots) and set RAY_ADDRESS."
                 )
             ray_init.num_gpus = config.trainer.n_gpus_per_node
+
+
+def _export_grouped_attention(config: DictConfig) -> None:
+    """verl_ext.grouped_attention, for the attention layers of the training workers (attention/interface.py)."""
+    backend = read_extension_settings(config.get("verl_ext")).grouped_attention
+    if backend == "auto":
+        return
+    os.environ[GROUPED_ATTENTION_ENV] = backend
+    with open_dict(config.ray_kwargs.ray_init):
+        OmegaConf.update(config.ray_kwargs.ray_init, f"runtime_env.env_vars.{GROUPED_ATTENTION_ENV}", backend,
+                         force_add=True)
 
 
 def _size_transfer_queue_threads(ray_init) -> None:

@@ -12,7 +12,7 @@ module receives these typed objects.
                                                        full_determinism, free_cache_engine, engine_kwargs.hf.*, ...
     actor_rollout_ref          PrefixGrouperSettings   actor.use_prefix_grouper, the keys it cannot run with, and
                                                        actor.ppo_mini_batch_size (whole groups per mini-batch)
-    verl_ext                   ExtensionSettings       data_dir, report_dir, demo_profile
+    verl_ext                   ExtensionSettings       data_dir, report_dir, demo_profile, grouped_attention
     data                       DataSettings            train_batch_size
 
 Each field names the keys it is read from in ``metadata["keys"]``. ``DECLARED_KEYS`` holds them all, with the
@@ -23,6 +23,7 @@ raw config.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Literal, Mapping, Optional, get_args
@@ -35,6 +36,9 @@ logger = logging.getLogger(__name__)
 
 Device = Literal["cpu", "cuda", "npu"]
 DemoProfile = Literal["full", "long", "test"]  # the builds of verl_ext.demo.build.PROFILES
+GroupedAttention = Literal["auto", "flash", "flex", "sdpa"]  # the shared-prefix forward's attention kernels
+# verl_ext.grouped_attention reaches the training workers as this environment variable (ray_setup.py)
+GROUPED_ATTENTION_ENV = "VERL_EXT_GROUPED_ATTENTION"
 SPECULATION = "actor_rollout_ref.rollout.custom.speculation"
 
 
@@ -184,8 +188,12 @@ class ExtensionSettings:
     data_dir: str = _key("data_dir", default="data")  # where the embedded default is built and cached
     report_dir: Optional[str] = _key("report_dir", default=None)  # per-step metrics (JSONL), summary and plot
     demo_profile: DemoProfile = _key("demo_profile", default="full")  # the build of the embedded default
+    # the shared-prefix forward's kernel: auto = flash-attn where installed on CUDA, else FlexAttention; sdpa on CPU
+    grouped_attention: GroupedAttention = _key("grouped_attention", default="auto")
 
     def __post_init__(self) -> None:
+        _check_choice("verl_ext.grouped_attention", self.grouped_attention, GroupedAttention,
+                      "auto picks the fastest that runs (flash, flex, sdpa).")
         if self.demo_profile not in get_args(DemoProfile):
             raise ConfigError(
                 f"verl_ext.demo_profile={self.demo_profile!r} is not a build of the embedded default; choose one of "
@@ -219,9 +227,21 @@ class Settings:
             raise ConfigError(
                 f"{where}.full_determinism=true needs seeded sampling, which vLLM's CPU backend cannot do; "
                 f"for a deterministic run on CPU use {where}.name=hf (or run vLLM on GPU).")
+        self._check_grouped_attention()
         if self.rollout.n == 1 and self.prefix_grouper.enabled:
             logger.warning(f"{where}.n=1 with use_prefix_grouper=true: each prompt has one response, so "
                            "there is no prefix to share; the grouped forward computes what the standard one does.")
+
+
+    def _check_grouped_attention(self) -> None:
+        """A kernel named by verl_ext.grouped_attention that can never run here is refused at start-up."""
+        key, backend = "verl_ext.grouped_attention", self.extension.grouped_attention
+        if backend in ("flash", "flex") and self.trainer.device == "cpu":
+            raise ConfigError(f"{key}={backend} needs CUDA ({'flash-attn' if backend == 'flash' else 'FlexAttention'}"
+                              " has no CPU backward); on trainer.device=cpu use sdpa or auto.")
+        if backend == "flash" and importlib.util.find_spec("flash_attn") is None:
+            raise ConfigError(f"{key}=flash needs flash-attn, which is not installed; install flash-attn 2.8.3 "
+                              "or use flex (torch's FlexAttention, nothing to install) or auto.")
 
 
 # ---- the parser ---------------------------------------------------------------------------------------------

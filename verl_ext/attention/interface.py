@@ -17,23 +17,36 @@ What this touches, and why models that do not opt in are unaffected:
 
 import functools
 import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal
+from typing import get_args
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
 
 from verl_ext.attention.grouped_flash import flash_unusable_reason, grouped_flash_attention
+from verl_ext.attention.grouped_flex import flex_unusable_reason, grouped_flex_attention
 from verl_ext.attention.grouped_sdpa import grouped_sdpa_attention
 from verl_ext.attention.layout import GroupedAttentionMeta
+from verl_ext.settings import GROUPED_ATTENTION_ENV, GroupedAttention
 
 logger = logging.getLogger(__name__)
 
 ATTN_IMPLEMENTATION = "verl_ext_grouped"
 META_KWARG = "grouped_attention_meta"  # model(..., grouped_attention_meta=GroupedAttentionMeta)
 
-Backend = Literal["auto", "flash", "sdpa"]
+Backend = GroupedAttention
+BACKENDS: tuple[str, ...] = get_args(Backend)
+BACKEND_ENV = GROUPED_ATTENTION_ENV  # how verl_ext.grouped_attention reaches the training workers (ray_setup.py)
+
+
+def configured_backend() -> Backend:
+    """The backend this process was told to use (verl_ext.grouped_attention; "auto" when unset)."""
+    backend = os.environ.get(BACKEND_ENV, "auto")
+    if backend not in BACKENDS:
+        raise ValueError(f"{BACKEND_ENV}={backend!r} is not a grouped attention backend; use one of {list(BACKENDS)}")
+    return backend
 
 
 def grouped_attention(
@@ -42,26 +55,38 @@ def grouped_attention(
     value: torch.Tensor,  # [B, Hkv, S, D]
     meta: GroupedAttentionMeta,
     scale: float,
-    backend: Backend = "auto",
+    backend: Backend | None = None,  # None: configured_backend()
     shared_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # ([1, Hkv, Lp, D],) * 2 when meta reads a shared prefix
 ) -> torch.Tensor:
-    """[B, S, H, D]. "auto" takes flash-attn when it can run these tensors, else pure PyTorch."""
-    if shared_kv is not None:
-        reason = "the flash path does not read a shared prefix yet"
+    """[B, S, H, D]. "auto": on CUDA flash-attn where it can run these tensors, else FlexAttention, else pure
+    PyTorch; on CPU pure PyTorch. A named backend that cannot run them raises (start-up checks refuse the
+    choices that never can: preflight)."""
+    backend = backend or configured_backend()
+    unusable = {"sdpa": None}
+    if shared_kv is not None:  # the cross part reads another pass's keys: only the PyTorch path does yet
+        unusable["flash"] = unusable["flex"] = "the flash and flex paths do not read a shared prefix yet"
     else:
-        reason = flash_unusable_reason(query) if backend != "sdpa" else "sdpa requested"
-    if backend == "flash" and reason is not None:
-        raise RuntimeError(f"grouped flash attention requested but unusable: {reason}")
-    if reason is None:
+        unusable["flash"] = flash_unusable_reason(query)
+        unusable["flex"] = flex_unusable_reason(query)
+    if backend == "auto":
+        order = ("flash", "flex", "sdpa") if query.is_cuda else ("sdpa",)
+        chosen = next(name for name in order if unusable[name] is None)
+        if query.is_cuda and chosen != "flash":
+            _log_fallback_once(chosen, unusable["flash"])
+    elif unusable[backend] is not None:
+        raise RuntimeError(f"grouped attention backend {backend!r} requested but unusable: {unusable[backend]}")
+    else:
+        chosen = backend
+    if chosen == "flash":
         return grouped_flash_attention(query, key, value, meta, scale)
-    if query.is_cuda and backend == "auto":
-        _log_fallback_once(reason)
+    if chosen == "flex":
+        return grouped_flex_attention(query, key, value, meta, scale)
     return grouped_sdpa_attention(query, key, value, meta, scale, shared_kv)
 
 
 @functools.cache
-def _log_fallback_once(reason: str) -> None:
-    logger.warning("grouped attention on CUDA uses the pure-PyTorch path: %s", reason)
+def _log_fallback_once(chosen: str, reason: str) -> None:
+    logger.warning("grouped attention on CUDA uses the %s path (flash-attn: %s)", chosen, reason)
 
 
 def grouped_attention_forward(

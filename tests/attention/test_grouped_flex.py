@@ -1,0 +1,111 @@
+"""Grouped attention on FlexAttention, as far as torch 2.13 runs it on CPU (forward only; the GPU script checks
+gradients): the block mask built from GroupedAttentionMeta against the mask the SDPA path implies, and forward
+log-probs against the standard forward (fp64 max abs <= 1e-10, fp32 max rel <= 1e-5).
+
+Masks are read off the kernels themselves: with values = the identity, attention's output row is its
+probabilities over the keys, nonzero exactly where the query may read."""
+
+import random
+
+import pytest
+import torch
+from attention_testing import FAMILIES, make_case, standard_result, tiny_model
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from verl_ext.attention import prepare_grouped_batch
+from verl_ext.attention.grouped_flex import flex_unusable_reason, grouped_flex_attention, token_labels
+from verl_ext.attention.grouped_sdpa import grouped_sdpa_attention
+from verl_ext.attention.interface import BACKEND_ENV, grouped_attention
+
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+
+def _structure(seed: int):
+    """Random groups: 1-3 prompts of 1-6 tokens, 1-4 responses each of 0-5 tokens (empty ones included)."""
+    rng = random.Random(seed)
+    prompts, responses, uids = [], [], []
+    for g in range(rng.randrange(1, 4)):
+        prompt = [rng.randrange(1, 50) for _ in range(rng.randrange(1, 7))]
+        for _ in range(rng.randrange(1, 5)):
+            prompts.append(prompt)
+            responses.append([rng.randrange(1, 50) for _ in range(rng.randrange(0, 6))])
+            uids.append(f"g{g}")
+    order = rng.sample(range(len(prompts)), len(prompts))
+    return [prompts[i] for i in order], [responses[i] for i in order], [uids[i] for i in order]
+
+
+def _read_pattern(kernel, batch) -> torch.Tensor:
+    """[B, S, S] True where query s may read key t, from `kernel` run with values = the identity."""
+    b, s = batch.input_ids.shape
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(b, 2, s, s, generator=g, dtype=torch.float64) / 4  # head_dim = S: values are one-hot keys
+    k = torch.randn(b, 1, s, s, generator=g, dtype=torch.float64) / 4
+    v = torch.eye(s, dtype=torch.float64).expand(b, 1, s, s).contiguous()
+    with torch.no_grad():
+        probs = kernel(q, k, v, batch.attention, 0.5)  # [B, S, H, S]
+    return probs[:, :, 0] > 0
+
+
+def _real(batch) -> torch.Tensor:
+    group, _ = token_labels(batch.attention)
+    return (group >= 0).view(batch.input_ids.shape)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), layout=st.sampled_from(["packed", "padded"]))
+def test_block_mask_reads_what_the_sdpa_path_reads(seed, layout):
+    batch = prepare_grouped_batch(*_structure(seed), layout=layout)
+    real = _real(batch)
+    flex, sdpa = _read_pattern(grouped_flex_attention, batch), _read_pattern(grouped_sdpa_attention, batch)
+    assert torch.equal(flex & real[..., None], sdpa & real[..., None])
+    assert not flex[~real].any()  # a pad reads nothing (its output is zero)
+
+
+def test_the_pattern_check_catches_a_sibling_read():
+    """Negative control: labels that merge two responses of a group give a mask the comparison rejects."""
+    batch = prepare_grouped_batch([[1, 2, 3]] * 2, [[4, 5], [6, 7]], ["a", "a"], layout="packed")
+    import verl_ext.attention.grouped_flex as flex_module
+
+    honest = flex_module.token_labels
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(flex_module, "token_labels", lambda meta: (honest(meta)[0], honest(meta)[1].clamp(max=0)))
+        flex_module._last_mask = None
+        merged = _read_pattern(grouped_flex_attention, batch)
+    flex_module._last_mask = None
+    assert not torch.equal(merged, _read_pattern(grouped_sdpa_attention, batch))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_forward_log_probs_equal_the_standard_forward(family, dtype, layout, monkeypatch):
+    monkeypatch.setenv(BACKEND_ENV, "flex")
+    model = tiny_model(family, dtype)
+    case = make_case([("a", 7, [5, 0, 3, 6]), ("b", 4, [2, 8]), ("c", 9, [4])], seed=len(family))
+    from attention_testing import grouped_response_log_probs, response_log_probs, standard_causal_lm_forward
+
+    with torch.no_grad():
+        got, _ = grouped_response_log_probs(model, case.prompts, case.responses, case.uids, layout)
+        want, _ = response_log_probs(standard_causal_lm_forward(model, case.prompts, case.responses), case.responses)
+    got, want = torch.cat(got), torch.cat(want)
+    err = (got - want).abs().max().item()
+    if dtype == torch.float64:
+        assert err <= 1e-10, err
+    else:
+        assert err <= 1e-5 * want.abs().max().item(), err
+
+
+def test_choices_on_cpu():
+    batch = prepare_grouped_batch([[1, 2]] * 2, [[3], [4, 5]], ["a", "a"])
+    b, s = batch.input_ids.shape
+    q, k, v = (torch.randn(b, 2, s, 4, requires_grad=True) for _ in range(3))
+    assert flex_unusable_reason(q) == "FlexAttention has no backward on CPU (torch 2.13)"
+    with pytest.raises(RuntimeError, match="no backward on CPU"):
+        grouped_attention(q, k, v, batch.attention, 0.5, backend="flex")
+    q, k, v = (t.detach() for t in (q, k, v))  # forward only (log-probs): flex runs, as the PyTorch path does
+    assert flex_unusable_reason(q) is None
+    flex = grouped_attention(q, k, v, batch.attention, 0.5, backend="flex")
+    assert torch.allclose(flex, grouped_attention(q, k, v, batch.attention, 0.5, backend="sdpa"), atol=1e-6)
+    assert torch.equal(grouped_attention(q, k, v, batch.attention, 0.5), grouped_sdpa_attention(
+        q, k, v, batch.attention, 0.5))  # auto on CPU: the PyTorch path

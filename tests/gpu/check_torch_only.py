@@ -1,0 +1,243 @@
+"""verl_ext's GPU check on a bare CUDA machine: torch, Triton and transformers, nothing else (no flash-attn, no vLLM,
+no download, well under 64 MiB brought along), one table printed last, about 3 minutes on an H200.
+
+    python tests/gpu/check_torch_only.py          # on a CUDA machine (exit 1 if a check fails)
+    python tests/gpu/check_torch_only.py --dry    # on CPU: the same plumbing on tiny shapes (the suite runs it)
+
+1. equivalence: the grouped forward on FlexAttention (`flex`) and on PyTorch's SDPA (`sdpa`) against the standard
+   forward, all three in bf16, each against an fp64 standard reference: log-probs, entropies and every parameter's
+   gradient. PASS when the grouped error is at most 1.2x the standard's, tensor by tensor.
+2. timing: forward+backward (activation checkpointing, as verl trains) of a ~1.5B random Qwen2 in bf16 on one
+   GRPO group, Lp = 4096 and 8192, G = 16, Lr = 256: standard, grouped `sdpa`, grouped `flex`, with the
+   theoretical token ratio, the speed-up, peak memory and FlexAttention's first-call (compile) time.
+
+--dry runs on CPU in fp32 with a 2-layer model and short groups; FlexAttention has no CPU backward, so there its
+gradient rows say so and its forward is compared instead. What it checks is the script: shapes, the table; its
+verdicts read "pass?"/"fail?" and do not fail it (fp32 on CPU is not what the bar is set for).
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: attention_testing
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's verl_ext
+from attention_testing import (  # noqa: E402
+    _result,
+    grouped_response_log_probs,
+    make_case,
+    response_log_probs,
+    standard_causal_lm_forward,
+    token_log_probs_and_entropy,
+)
+from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+
+from verl_ext.attention import META_KWARG, grouped_attention_mode, prepare_grouped_batch  # noqa: E402
+from verl_ext.attention.grouped_flex import compile_stats  # noqa: E402
+from verl_ext.settings import GROUPED_ATTENTION_ENV  # noqa: E402
+
+QWEN25_1P5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
+                   tie_word_embeddings=True)
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=128, max_position_embeddings=2048, initializer_range=0.2)
+BUDGET = 1.2  # grouped error / standard error, per tensor
+ROWS: list[tuple[str, str, str, str]] = []
+DRY = False  # --dry: verdicts are shown ("pass?"/"fail?") but are not the check's: CPU fp32 is not the GPU's bf16
+
+
+def report(check: str, case: str, value: str, passed: bool | None = None) -> None:
+    verdict = "info" if passed is None else ("PASS" if passed else "FAIL")
+    ROWS.append((check, case, value, f"{verdict.lower()}?" if DRY and passed is not None else verdict))
+    print(" | ".join(ROWS[-1]), flush=True)
+
+
+def use_backend(name: str) -> None:
+    os.environ[GROUPED_ATTENTION_ENV] = name  # read by verl_ext's attention layer on every call
+
+
+# ---------------------------------------------------------------- 1. equivalence
+
+
+def _model(config: dict, dtype: torch.dtype, device: str) -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(**config)).to(device=device, dtype=dtype)
+
+
+def _pairs(got, ref) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    pairs = {"log_probs": (got.log_probs, ref.log_probs), "entropy": (got.entropy, ref.entropy)}
+    return pairs | {f"grad {n}": (got.grads[n], ref.grads[n]) for n in ref.grads}
+
+
+def _errors(got, ref) -> dict[str, float]:
+    """Max |got - ref| per tensor (log-probs, entropy, each gradient), in fp64."""
+    return {name: (a.double() - b.double()).abs().max().item() for name, (a, b) in _pairs(got, ref).items()}
+
+
+def _noise_floors(ref, dtype: torch.dtype) -> dict[str, float]:
+    """Per tensor, the error below which `dtype` cannot tell two results apart: its resolution at the tensor's
+    scale, a gradient's scale floored at 5% of the largest one. A gradient that is analytically zero (the fp64
+    reference holds it below 1e-9 of the largest: the key projection's bias, as softmax ignores a constant
+    shift) is rounding noise in both forwards and compared with nothing (an infinite floor)."""
+    largest = max(g.abs().max().item() for g in ref.grads.values())
+    eps = torch.finfo(dtype).eps
+    floors = {}
+    for name, (_, b) in _pairs(ref, ref).items():
+        scale = b.abs().max().item()
+        zero = name.startswith("grad") and scale < 1e-9 * largest
+        floors[name] = float("inf") if zero else eps * max(scale, 0.05 * largest if name.startswith("grad") else 0.0)
+    return floors
+
+
+def equivalence(device: str, dtype: torch.dtype) -> None:
+    case = make_case([("a", 40, [12, 30, 7, 25]), ("b", 23, [18, 5]), ("c", 61, [9, 14, 33])], seed=3)
+    model, reference_model = _model(TINY, dtype, device), _model(TINY, torch.float64, device)
+    reference_model.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    ref = _result(reference_model, *response_log_probs(
+        standard_causal_lm_forward(reference_model, case.prompts, case.responses), case.responses))
+    standard = _errors(_result(model, *response_log_probs(
+        standard_causal_lm_forward(model, case.prompts, case.responses), case.responses)), ref)
+    floors = _noise_floors(ref, dtype)
+    for backend in ("sdpa", "flex"):
+        use_backend(backend)
+        for layout in ("packed", "padded"):
+            where = f"{backend}, {layout}, {dtype}".replace("torch.", "")
+            if backend == "flex" and device == "cpu":  # no CPU backward: the forward against the reference
+                with torch.no_grad():
+                    lp, _ = grouped_response_log_probs(model, case.prompts, case.responses, case.uids, layout)
+                err = (torch.cat(lp).double() - ref.log_probs).abs().max().item()
+                report("equivalence", f"{where}: log-probs only (no CPU backward)",
+                       f"{err:.2e} vs standard {standard['log_probs']:.2e}",
+                       err <= BUDGET * max(standard["log_probs"], floors["log_probs"]))
+                continue
+            grouped = _errors(_result(model, *grouped_response_log_probs(
+                model, case.prompts, case.responses, case.uids, layout)), ref)
+            ratios = {name: grouped[name] / max(standard[name], floors[name]) for name in grouped
+                      if floors[name] != float("inf")}
+            worst = max(ratios, key=ratios.get)
+            report("equivalence", f"{where}: worst of {len(ratios)} tensors vs fp64",
+                   f"{ratios[worst]:.2f}x standard's error ({worst})", ratios[worst] <= BUDGET)
+    use_backend("auto")
+
+
+# ---------------------------------------------------------------- 2. timing
+
+
+def _log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return token_log_probs_and_entropy(logits, targets)[0]
+
+
+def standard_run(model, prompt, responses, lr):
+    input_ids = torch.stack([torch.cat([prompt, r]) for r in responses])  # [G, Lp + Lr]
+    targets = torch.cat(responses)
+
+    def run():
+        logits = model(input_ids=input_ids, use_cache=False, logits_to_keep=lr + 1).logits  # [G, Lr + 1, V]
+        log_probs = _log_probs(logits[:, :-1].reshape(-1, logits.shape[-1]), targets)
+        log_probs.sum().backward()
+        return log_probs.detach()
+
+    return run
+
+
+def grouped_run(model, prompt, responses, backend):
+    batch = prepare_grouped_batch([prompt] * len(responses), responses, ["u"] * len(responses), layout="packed",
+                                  device=prompt.device)
+    targets = torch.cat(responses)
+
+    def run():
+        use_backend(backend)
+        with grouped_attention_mode(model):  # the backward inside: checkpointing recomputes the attention
+            logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
+                           logits_to_keep=batch.predictor_index, **{META_KWARG: batch.attention}).logits
+            log_probs = _log_probs(logits[0], targets)
+            log_probs.sum().backward()
+        return log_probs.detach()
+
+    return run
+
+
+def measure(model, run, repeats: int, device: str) -> tuple[float, float, float, torch.Tensor]:
+    """(first call seconds, median seconds of the repeats, peak GiB, log-probs)."""
+    cuda = device == "cuda"
+    times = []
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    for _ in range(repeats + 1):  # the first call compiles (flex) and warms up
+        model.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        log_probs = run()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
+    model.zero_grad(set_to_none=True)
+    return times[0], statistics.median(times[1:]), peak, log_probs
+
+
+def timing(device: str, dtype: torch.dtype, config: dict, cases: list[tuple[int, int, int]], repeats: int) -> None:
+    model = _model(config, dtype, device)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()  # checkpointing is active in training mode only; Qwen2 has no dropout
+    size = f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f}B Qwen2"
+    methods = ["standard", "sdpa"] + ([] if device == "cpu" else ["flex"])  # flex: no CPU backward
+    for lp, g, lr in cases:
+        gen = torch.Generator().manual_seed(lp)
+        prompt = torch.randint(0, config["vocab_size"], (lp,), generator=gen).to(device)
+        responses = [torch.randint(0, config["vocab_size"], (lr,), generator=gen).to(device) for _ in range(g)]
+        where = f"{size} {str(dtype).replace('torch.', '')}, Lp={lp} G={g} Lr={lr}"
+        theory = g * (lp + lr) / (lp + g * lr)
+        results = {}
+        for method in methods:
+            run = standard_run(model, prompt, responses, lr) if method == "standard" else grouped_run(
+                model, prompt, responses, method)
+            compiled_before = compile_stats()["first_call_seconds"]
+            first, seconds, peak, log_probs = measure(model, run, repeats, device)
+            results[method] = (seconds, log_probs)
+            extra = f", first call {first:.1f} s" if method == "flex" else ""
+            if method == "flex":
+                extra += f" (compile {compile_stats()['first_call_seconds'] - compiled_before:.1f} s)"
+            report("fwd+bwd timing", f"{method} ({where})", f"{seconds:.3f} s, peak {peak:.1f} GiB{extra}")
+        std_seconds, std_lp = results["standard"]
+        for method in methods[1:]:
+            seconds, log_probs = results[method]
+            diff = (log_probs - std_lp).abs().max().item()
+            report("fwd+bwd timing", f"speed-up standard/{method} ({where})",
+                   f"{std_seconds / seconds:.2f}x (tokens {theory:.2f}x fewer); max log-prob diff {diff:.2e}")
+    use_backend("auto")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry", action="store_true", help="CPU, tiny shapes: the script's own plumbing")
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    if not args.dry and not torch.cuda.is_available():
+        sys.exit("check_torch_only.py: needs a CUDA GPU visible to torch (or --dry on CPU)")
+    device, dtype = ("cpu", torch.float32) if args.dry else ("cuda", torch.bfloat16)
+    global DRY
+    DRY = args.dry
+    if not args.dry:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    started = time.perf_counter()
+    equivalence(device, dtype)
+    if args.dry:
+        timing(device, dtype, TINY, [(32, 4, 8)], repeats=1)
+    else:
+        timing(device, dtype, QWEN25_1P5B, [(4096, 16, 256), (8192, 16, 256)], args.repeats)
+    print(f"\n== verl_ext GPU check ({'dry, CPU' if args.dry else torch.cuda.get_device_name()}; torch "
+          f"{torch.__version__}; {time.perf_counter() - started:.0f} s)")
+    for row in ROWS:
+        print(f"{row[0]:<15} | {row[1]:<62} | {row[2]:<64} | {row[3]}")
+    return int(any(row[3] == "FAIL" for row in ROWS))  # never in --dry
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,26 @@
+"""tests/gpu/check_torch_only.py, the GPU check for a bare CUDA machine, runs end to end on CPU in its dry mode:
+every row of its table is there, and the grouped forward's log-probs in the timing rows equal the standard's."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_gpu_check_runs_dry_on_cpu():
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "gpu" / "check_torch_only.py"), "--dry"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = done.stdout.split("== verl_ext GPU check")[-1].splitlines()[1:]
+    rows = [[cell.strip() for cell in line.split("|")] for line in table if line.strip()]
+    cases = [row[1] for row in rows]
+    for backend in ("sdpa", "flex"):
+        for layout in ("packed", "padded"):
+            assert any(case.startswith(f"{backend}, {layout}, float32") for case in cases), cases
+    assert any(case.startswith("standard (") for case in cases) and any(case.startswith("sdpa (") for case in cases)
+    speed_up = next(row for row in rows if row[1].startswith("speed-up standard/sdpa"))
+    diff = float(re.search(r"max log-prob diff ([0-9.e-]+)", speed_up[2]).group(1))
+    assert diff <= 1e-3, speed_up  # fp32: the grouped forward computes the standard one's log-probs
+    assert all(row[3] in {"info", "pass?", "fail?"} for row in rows), rows  # dry verdicts never fail the run

@@ -1,0 +1,140 @@
+"""Shared-prefix attention on torch's FlexAttention: the grouped mask as a block mask, nothing beyond torch.
+
+Every token of the stream gets two labels from the layout (GroupedAttentionMeta): its group (-1 for pads) and its
+response within the batch (-1 for prefix tokens). Query q may read key k when
+
+    group[q] == group[k] >= 0  and  k <= q  and  (response[k] == -1  or  response[k] == response[q])
+
+which is grouped_sdpa's picture: the prefix causal, each response its whole prefix then itself causally, never a
+sibling (a group's prefix precedes its responses in the stream, so k <= q costs a response none of its prefix).
+`create_block_mask` turns this into a BlockMask once per micro-batch (the one-entry cache below: every layer of a
+forward reads the same meta), and FlexAttention skips every block the mask rules out. A pad query reads nothing
+and comes out zero, as it does on the other paths.
+
+On CUDA the kernel is compiled (torch.compile's default: a shape that changes is recompiled once as dynamic), and
+the stream length is rounded up to a multiple of `_BUCKET` (pad positions label -1), so a run whose micro-batches
+vary in length compiles a handful of times, not once per batch. `compile_stats` counts the new shapes and times
+their first calls, compilation included. On CPU torch 2.13 runs FlexAttention's forward only (eagerly; it
+refuses a backward), so CPU training keeps grouped_sdpa; CPU tests use this path for the mask and the forward.
+A batch that reads a shared prefix (shared_prefix.py) is not served here yet: interface.py sends it to sdpa.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+
+import torch
+
+from verl_ext.attention.layout import GroupedAttentionMeta
+
+_BUCKET = 256  # stream lengths compile in steps of this many tokens (two of FlexAttention's 128-token blocks)
+_compiled = None  # torch.compile(flex_attention), built on first CUDA use
+_stats = {"new_shapes": 0, "first_call_seconds": 0.0}
+_shapes_seen: set[tuple] = set()
+_last_mask: tuple[weakref.ref, torch.Size, object] | None = None  # (meta, q's shape, its BlockMask)
+
+
+def flex_unusable_reason(query: torch.Tensor) -> str | None:
+    """Why FlexAttention cannot take `query` [B, H, S, D] here, or None when it can."""
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:
+        return f"torch {torch.__version__} has no FlexAttention"
+    if query.device.type == "cpu" and query.requires_grad:
+        return "FlexAttention has no backward on CPU (torch 2.13)"
+    if query.device.type not in ("cpu", "cuda"):
+        return f"FlexAttention on {query.device.type} is not checked"
+    return None
+
+
+def token_labels(meta: GroupedAttentionMeta) -> tuple[torch.Tensor, torch.Tensor]:
+    """(group [T], response [T]) of every flat token (T = meta.num_tokens): pads are group -1, prefix tokens
+    response -1. Read from the dense layout: a token's row in prefix_index / self_index / cross_index."""
+    dense = meta.dense
+    device = meta.prefix_tokens.device
+    group = torch.full((meta.num_tokens,), -1, dtype=torch.long, device=device)
+    response = torch.full((meta.num_tokens,), -1, dtype=torch.long, device=device)
+    group[meta.prefix_tokens] = dense.prefix_slots // max(dense.prefix_index.shape[1], 1)
+    if meta.response_tokens.numel():
+        cross_block = dense.cross_slots // max(dense.cross_index.shape[1], 1)
+        group[meta.response_tokens] = dense.cross_rows[cross_block].long()
+        response[meta.response_tokens] = dense.self_slots // max(dense.self_index.shape[1], 1)
+    return group, response
+
+
+def grouped_block_mask(meta: GroupedAttentionMeta, batch: int, length: int, device: torch.device):
+    """The BlockMask of the grouped picture over [batch, length] (length >= the stream's; beyond it: pads)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    group, response = token_labels(meta)
+    streamed = meta.num_tokens // batch
+    group = _padded(group.view(batch, streamed), length)  # [B, L]
+    response = _padded(response.view(batch, streamed), length)
+
+    def may_read(b, h, q, k):
+        return (group[b, q] == group[b, k]) & (group[b, q] >= 0) & (k <= q) & (
+            (response[b, k] < 0) | (response[b, k] == response[b, q]))
+
+    return create_block_mask(may_read, batch, None, length, length, device=device, _compile=device.type == "cuda")
+
+
+def grouped_flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: GroupedAttentionMeta,
+                           scale: float) -> torch.Tensor:
+    """[B, S, H, D] from query [B, H, S, D] and key/value [B, Hkv, S, D] (GQA: H a multiple of Hkv)."""
+    batch, _, length, _ = query.shape
+    padded = -(-length // _BUCKET) * _BUCKET if query.is_cuda else length
+    if padded != length:
+        query, key, value = (torch.nn.functional.pad(t, (0, 0, 0, padded - length)) for t in (query, key, value))
+    block_mask = _block_mask(meta, query)
+    out = _kernel(query)(query, key, value, block_mask=block_mask, scale=scale,
+                         enable_gqa=key.shape[1] != query.shape[1])
+    return out[:, :, :length].transpose(1, 2)
+
+
+def compile_stats() -> dict:
+    """{"new_shapes": shapes seen so far, "first_call_seconds": their first calls' time, compiling included}
+    (CUDA only)."""
+    return dict(_stats)
+
+
+def _block_mask(meta: GroupedAttentionMeta, query: torch.Tensor):
+    global _last_mask
+    if _last_mask is not None and _last_mask[0]() is meta and _last_mask[1] == query.shape:
+        return _last_mask[2]
+    block_mask = grouped_block_mask(meta, query.shape[0], query.shape[2], query.device)
+    _last_mask = (weakref.ref(meta), query.shape, block_mask)
+    return block_mask
+
+
+def _kernel(query: torch.Tensor):
+    """FlexAttention: compiled on CUDA (each new shape timed as a compile), eager on CPU (forward only)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not query.is_cuda:
+        return flex_attention
+    global _compiled
+    if _compiled is None:
+        _compiled = torch.compile(flex_attention)
+    shape = (tuple(query.shape), query.dtype)
+    if shape in _shapes_seen:
+        return _compiled
+    _shapes_seen.add(shape)
+
+    def timed(*args, **kwargs):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = _compiled(*args, **kwargs)
+        torch.cuda.synchronize()
+        _stats["new_shapes"] += 1
+        _stats["first_call_seconds"] += time.perf_counter() - start
+        return out
+
+    return timed
+
+
+def _padded(labels: torch.Tensor, length: int) -> torch.Tensor:
+    """[B, S] labels extended to [B, length] with -1 (pads)."""
+    if labels.shape[1] == length:
+        return labels
+    return torch.nn.functional.pad(labels, (0, length - labels.shape[1]), value=-1)
