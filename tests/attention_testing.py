@@ -3,6 +3,7 @@
     ref    = standard_causal_lm_forward(model, prompts, responses)            # n x [Lp_i + Lr_i, V]
     logits = grouped_causal_lm_forward(model, prompts, responses, uids)       # the same, each prompt once
     log_probs, entropy = grouped_response_log_probs(model, prompts, responses, uids)  # n x [Lr_i]
+    result = shared_prefix_result(model, case, n_parts)  # each group in n_parts parts reading its prompt, run once
 
 `prompts`, `responses`: one 1-D token sequence per sample (tensor or list of ints; responses may be
 empty); `uids`: one hashable per sample. For the attention tests and tests/gpu/check_grouped_flash.py
@@ -19,9 +20,11 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, Qwen2Config, Qwen3Config
 
-from verl_ext.attention import grouped_logits, prepare_grouped_batch, response_predictions, ungroup
-from verl_ext.attention.groups import TokenSeq, as_token_list
+from verl_ext.attention import (build_grouped_batch, find_groups, grouped_attention_mode, grouped_logits,
+                                prepare_grouped_batch, response_predictions, ungroup)
+from verl_ext.attention.groups import GroupPlan, PrefixGroup, TokenSeq, as_token_list
 from verl_ext.attention.layout import Layout
+from verl_ext.attention.shared_prefix import SharedPrefix, backward_prefix, encode_prefix
 
 VOCAB = 128
 FAMILIES = ["qwen2", "qwen3", "llama"]
@@ -229,3 +232,52 @@ def standard_result(model, case: Case, one_at_a_time: bool = False) -> Result:
     else:
         logits = standard_causal_lm_forward(model, case.prompts, case.responses)
     return _result(model, *response_log_probs(logits, case.responses))
+
+
+# ---------------------------------------------------------------- a group across micro-batches (shared_prefix.py)
+
+
+def _cut(members: tuple[int, ...], n_parts: int) -> list[tuple[int, ...]]:
+    bounds = torch.linspace(0, len(members), n_parts + 1).round().long().tolist()
+    return [members[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def _loss_weights(case, dtype):
+    """The fixed weights of test_grouped_equivalence's loss, per sample."""
+    lens = [len(r) for r in case.responses]
+    g = torch.Generator().manual_seed(1234)
+    w_lp, w_ent = (torch.randn(sum(lens), generator=g).to(dtype) for _ in range(2))
+    return w_lp.split(lens), w_ent.split(lens)
+
+
+def shared_prefix_result(model, case, n_parts: int, layout: str = "packed", drop_prefix_kv_grad: bool = False) -> Result:
+    """Every group's members in `n_parts` parts (fewer for a small group) that read its prompt run once."""
+    dtype = next(model.parameters()).dtype
+    w_lp, w_ent = _loss_weights(case, dtype)
+    log_probs, entropy = [None] * len(case.prompts), [None] * len(case.prompts)
+    model.zero_grad(set_to_none=True)
+    with grouped_attention_mode(model):
+        for group in find_groups(case.prompts, case.responses, case.uids).groups:
+            prefix = encode_prefix(model, case.prompts[group.members[0]], trainable=True)
+            for part in _cut(group.members, n_parts):
+                lp, ent = _part_outputs(model, case, part, group.prompt_len, prefix, layout)
+                loss = sum((w_lp[m] * a).sum() + 0.1 * (w_ent[m] * b).sum() for m, a, b in zip(part, lp, ent))
+                loss.backward()
+                for m, a, b in zip(part, lp, ent):
+                    log_probs[m], entropy[m] = a.detach(), b.detach()
+            if drop_prefix_kv_grad:
+                for leaf in prefix.leaves()[:-1]:
+                    leaf.grad = None
+            backward_prefix(model, prefix)
+    grads = {n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return Result(torch.cat(log_probs), torch.cat(entropy), grads)
+
+
+def _part_outputs(model, case, part, prompt_len, prefix: SharedPrefix, layout):
+    plan = GroupPlan((PrefixGroup(tuple(range(len(part))), prompt_len, tuple(len(case.responses[m]) for m in part)),), len(part))
+    responses = [case.responses[m] for m in part]
+    batch = build_grouped_batch(plan, [case.prompts[m] for m in part], responses, layout, reads_prefix=prefix)
+    rows = response_predictions(grouped_logits(model, batch), batch)
+    lp, ent = token_log_probs_and_entropy(rows, torch.cat(responses))
+    return lp.split(batch.response_lens), ent.split(batch.response_lens)

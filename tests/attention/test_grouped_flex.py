@@ -109,3 +109,56 @@ def test_choices_on_cpu():
     assert torch.allclose(flex, grouped_attention(q, k, v, batch.attention, 0.5, backend="sdpa"), atol=1e-6)
     assert torch.equal(grouped_attention(q, k, v, batch.attention, 0.5), grouped_sdpa_attention(
         q, k, v, batch.attention, 0.5))  # auto on CPU: the PyTorch path
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_a_part_reading_a_shared_prefix_reads_it_whole(layout):
+    """A micro-batch of one group's responses whose prompt ran apart (shared_prefix.py): flex over [prompt keys;
+    stream] gives the PyTorch path's output (forward; the gradient through the keys is the GPU script's)."""
+    from verl_ext.attention import build_grouped_batch
+    from verl_ext.attention.groups import GroupPlan, PrefixGroup
+    from verl_ext.attention.shared_prefix import SharedPrefix
+
+    prompt, responses = torch.tensor([5, 6, 7, 8]), [torch.tensor([1, 2, 3]), torch.tensor([4]), torch.tensor([9, 9])]
+    plan = GroupPlan((PrefixGroup((0, 1, 2), len(prompt), tuple(len(r) for r in responses)),), 3)
+    batch = build_grouped_batch(plan, [prompt] * 3, responses, layout, reads_prefix=SharedPrefix(prompt))
+    b, s = batch.input_ids.shape
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(b, 4, s, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(b, 2, s, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    shared = tuple(torch.randn(1, 2, len(prompt), 8, generator=g, dtype=torch.float64) for _ in range(2))
+    flex = grouped_attention(q, k, v, batch.attention, 0.3, backend="flex", shared_kv=shared)
+    want = grouped_sdpa_attention(q, k, v, batch.attention, 0.3, shared)
+    real = _real(batch)
+    assert (flex[real] - want[real]).abs().max().item() <= 1e-12
+    no_prompt = grouped_attention(q, k, v, batch.attention, 0.3, backend="flex",
+                                  shared_kv=tuple(torch.zeros_like(t) for t in shared))
+    assert (no_prompt[real] - want[real]).abs().max().item() > 1e-3  # control: the prompt's keys do matter
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_log_probs_of_parts_reading_a_shared_prefix_equal_the_standard_forward(dtype, monkeypatch):
+    """The model-level route of a group cut into parts (old/reference log-probs): the prompt's pass and every
+    part on flex, against the standard forward (fp64 max abs <= 1e-10, fp32 max rel <= 1e-5)."""
+    from attention_testing import response_log_probs, standard_causal_lm_forward, token_log_probs_and_entropy
+
+    from verl_ext.attention import build_grouped_batch, grouped_attention_mode, grouped_logits, response_predictions
+    from verl_ext.attention.groups import GroupPlan, PrefixGroup
+    from verl_ext.attention.shared_prefix import encode_prefix
+
+    monkeypatch.setenv(BACKEND_ENV, "flex")
+    model = tiny_model("qwen2", dtype)
+    case = make_case([("a", 11, [6, 3, 9, 4, 7])], seed=5)
+    got = []
+    with torch.no_grad(), grouped_attention_mode(model):
+        prefix = encode_prefix(model, case.prompts[0], trainable=False)
+        for part in ((0, 1), (2,), (3, 4)):
+            responses = [case.responses[m] for m in part]
+            plan = GroupPlan((PrefixGroup(tuple(range(len(part))), 11, tuple(map(len, responses))),), len(part))
+            batch = build_grouped_batch(plan, [case.prompts[m] for m in part], responses, "packed", reads_prefix=prefix)
+            rows = response_predictions(grouped_logits(model, batch), batch)
+            got.append(token_log_probs_and_entropy(rows, torch.cat(responses))[0])
+    with torch.no_grad():
+        want, _ = response_log_probs(standard_causal_lm_forward(model, case.prompts, case.responses), case.responses)
+    err = (torch.cat(got) - torch.cat(want)).abs().max().item()
+    assert err <= (1e-10 if dtype == torch.float64 else 1e-5 * torch.cat(want).abs().max().item()), err

@@ -10,66 +10,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from attention_testing import (
-    DTYPES,
-    FAMILIES,
-    Result,
-    make_case,
-    standard_result,
-    tiny_model,
-    token_log_probs_and_entropy,
-    violations,
-)
+from attention_testing import DTYPES, FAMILIES, make_case, shared_prefix_result, standard_result, tiny_model, violations
 
-from verl_ext.attention import build_grouped_batch, find_groups, grouped_attention_mode, grouped_logits, response_predictions
+from verl_ext.attention import build_grouped_batch, grouped_attention_mode
 from verl_ext.attention.groups import GroupPlan, PrefixGroup
 from verl_ext.attention.shared_prefix import SharedPrefix, backward_prefix, encode_prefix
-
-
-def _cut(members: tuple[int, ...], n_parts: int) -> list[tuple[int, ...]]:
-    bounds = torch.linspace(0, len(members), n_parts + 1).round().long().tolist()
-    return [members[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
-
-
-def _loss_weights(case, dtype):
-    """The fixed weights of test_grouped_equivalence's loss, per sample."""
-    lens = [len(r) for r in case.responses]
-    g = torch.Generator().manual_seed(1234)
-    w_lp, w_ent = (torch.randn(sum(lens), generator=g).to(dtype) for _ in range(2))
-    return w_lp.split(lens), w_ent.split(lens)
-
-
-def shared_result(model, case, n_parts: int, layout: str = "packed", drop_prefix_kv_grad: bool = False) -> Result:
-    """Every group's members in `n_parts` parts (fewer for a small group) that read its prompt run once."""
-    dtype = next(model.parameters()).dtype
-    w_lp, w_ent = _loss_weights(case, dtype)
-    log_probs, entropy = [None] * len(case.prompts), [None] * len(case.prompts)
-    model.zero_grad(set_to_none=True)
-    with grouped_attention_mode(model):
-        for group in find_groups(case.prompts, case.responses, case.uids).groups:
-            prefix = encode_prefix(model, case.prompts[group.members[0]], trainable=True)
-            for part in _cut(group.members, n_parts):
-                lp, ent = _part_outputs(model, case, part, group.prompt_len, prefix, layout)
-                loss = sum((w_lp[m] * a).sum() + 0.1 * (w_ent[m] * b).sum() for m, a, b in zip(part, lp, ent))
-                loss.backward()
-                for m, a, b in zip(part, lp, ent):
-                    log_probs[m], entropy[m] = a.detach(), b.detach()
-            if drop_prefix_kv_grad:
-                for leaf in prefix.leaves()[:-1]:
-                    leaf.grad = None
-            backward_prefix(model, prefix)
-    grads = {n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad(set_to_none=True)
-    return Result(torch.cat(log_probs), torch.cat(entropy), grads)
-
-
-def _part_outputs(model, case, part, prompt_len, prefix: SharedPrefix, layout):
-    plan = GroupPlan((PrefixGroup(tuple(range(len(part))), prompt_len, tuple(len(case.responses[m]) for m in part)),), len(part))
-    responses = [case.responses[m] for m in part]
-    batch = build_grouped_batch(plan, [case.prompts[m] for m in part], responses, layout, reads_prefix=prefix)
-    rows = response_predictions(grouped_logits(model, batch), batch)
-    lp, ent = token_log_probs_and_entropy(rows, torch.cat(responses))
-    return lp.split(batch.response_lens), ent.split(batch.response_lens)
 
 
 @st.composite
@@ -92,7 +37,7 @@ def split_cases(draw):
 def test_parts_reading_a_shared_prefix_match_standard(family, dtype, case_parts, layout):
     case, n_parts = case_parts
     model = tiny_model(family, dtype)
-    assert violations(shared_result(model, case, n_parts, layout), standard_result(model, case), dtype) == []
+    assert violations(shared_prefix_result(model, case, n_parts, layout), standard_result(model, case), dtype) == []
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -101,8 +46,8 @@ def test_dropped_prefix_kv_gradient_is_caught(dtype):
     model = tiny_model("qwen2", dtype)
     case = make_case([("a", 40, [6, 9, 3, 7])], seed=5)
     ref = standard_result(model, case)
-    assert violations(shared_result(model, case, 3), ref, dtype) == []
-    assert violations(shared_result(model, case, 3, drop_prefix_kv_grad=True), ref, dtype) != []
+    assert violations(shared_prefix_result(model, case, 3), ref, dtype) == []
+    assert violations(shared_prefix_result(model, case, 3, drop_prefix_kv_grad=True), ref, dtype) != []
 
 
 def test_a_batch_reads_only_its_own_prompt():

@@ -16,7 +16,8 @@ the stream length is rounded up to a multiple of `_BUCKET` (pad positions label 
 vary in length compiles a handful of times, not once per batch. `compile_stats` counts the new shapes and times
 their first calls, compilation included. On CPU torch 2.13 runs FlexAttention's forward only (eagerly; it
 refuses a backward), so CPU training keeps grouped_sdpa; CPU tests use this path for the mask and the forward.
-A batch that reads a shared prefix (shared_prefix.py) is not served here yet: interface.py sends it to sdpa.
+A batch that reads a shared prefix (shared_prefix.py: the responses of a group whose prompt ran in a pass of its
+own) puts the prompt's keys/values first, [shared prefix; stream], and every response query reads all of them.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ _BUCKET = 256  # stream lengths compile in steps of this many tokens (two of Fle
 _compiled = None  # torch.compile(flex_attention), built on first CUDA use
 _stats = {"new_shapes": 0, "first_call_seconds": 0.0}
 _shapes_seen: set[tuple] = set()
-_last_mask: tuple[weakref.ref, torch.Size, object] | None = None  # (meta, q's shape, its BlockMask)
+_last_mask: tuple[weakref.ref, tuple, object] | None = None  # (meta, q's shape and the prefix's, its BlockMask)
 
 
 def flex_unusable_reason(query: torch.Tensor) -> str | None:
@@ -63,8 +64,11 @@ def token_labels(meta: GroupedAttentionMeta) -> tuple[torch.Tensor, torch.Tensor
     return group, response
 
 
-def grouped_block_mask(meta: GroupedAttentionMeta, batch: int, length: int, device: torch.device):
-    """The BlockMask of the grouped picture over [batch, length] (length >= the stream's; beyond it: pads)."""
+def grouped_block_mask(meta: GroupedAttentionMeta, batch: int, length: int, device: torch.device,
+                       prefix: int = 0, prefix_len: int = 0):
+    """The BlockMask of the grouped picture: queries [batch, length] (length >= the stream's; beyond it: pads)
+    over keys [prefix + length]. With a shared prefix (prefix > 0) the first `prefix` keys are the prompt's, read
+    whole by every response query (the first prefix_len of them real, the rest padding)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     group, response = token_labels(meta)
@@ -72,21 +76,31 @@ def grouped_block_mask(meta: GroupedAttentionMeta, batch: int, length: int, devi
     group = _padded(group.view(batch, streamed), length)  # [B, L]
     response = _padded(response.view(batch, streamed), length)
 
-    def may_read(b, h, q, k):
-        return (group[b, q] == group[b, k]) & (group[b, q] >= 0) & (k <= q) & (
-            (response[b, k] < 0) | (response[b, k] == response[b, q]))
+    def may_read(b, h, q, kv):
+        k = (kv - prefix).clamp(min=0)  # the key's stream position (shared prefix keys come first)
+        in_stream = (group[b, q] == group[b, k]) & (k <= q) & ((response[b, k] < 0) | (response[b, k] == response[b, q]))
+        shared = (kv < prefix_len) & (response[b, q] >= 0)
+        return (group[b, q] >= 0) & ((kv >= prefix) & in_stream | shared)
 
-    return create_block_mask(may_read, batch, None, length, length, device=device, _compile=device.type == "cuda")
+    return create_block_mask(may_read, batch, None, length, prefix + length, device=device,
+                             _compile=device.type == "cuda")
 
 
 def grouped_flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: GroupedAttentionMeta,
-                           scale: float) -> torch.Tensor:
-    """[B, S, H, D] from query [B, H, S, D] and key/value [B, Hkv, S, D] (GQA: H a multiple of Hkv)."""
+                           scale: float, shared_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """[B, S, H, D] from query [B, H, S, D] and key/value [B, Hkv, S, D] (GQA: H a multiple of Hkv); shared_kv
+    ([1, Hkv, Lp, D],) * 2: the prompt a reads_prefix batch's responses read (its keys come first, so its
+    gradient flows back through the concatenation)."""
     batch, _, length, _ = query.shape
-    padded = -(-length // _BUCKET) * _BUCKET if query.is_cuda else length
-    if padded != length:
-        query, key, value = (torch.nn.functional.pad(t, (0, 0, 0, padded - length)) for t in (query, key, value))
-    block_mask = _block_mask(meta, query)
+    padded = _bucket(length, query)
+    query, key, value = (_pad_tokens(t, padded) for t in (query, key, value))
+    prefix = prefix_len = 0
+    if shared_kv is not None:
+        prefix_len = shared_kv[0].shape[2]
+        prefix = _bucket(prefix_len, query)
+        shared = [_pad_tokens(t.to(query.dtype), prefix).expand(batch, -1, -1, -1) for t in shared_kv]
+        key, value = torch.cat([shared[0], key], dim=2), torch.cat([shared[1], value], dim=2)
+    block_mask = _block_mask(meta, query, prefix, prefix_len)
     out = _kernel(query)(query, key, value, block_mask=block_mask, scale=scale,
                          enable_gqa=key.shape[1] != query.shape[1])
     return out[:, :, :length].transpose(1, 2)
@@ -98,12 +112,13 @@ def compile_stats() -> dict:
     return dict(_stats)
 
 
-def _block_mask(meta: GroupedAttentionMeta, query: torch.Tensor):
+def _block_mask(meta: GroupedAttentionMeta, query: torch.Tensor, prefix: int, prefix_len: int):
     global _last_mask
-    if _last_mask is not None and _last_mask[0]() is meta and _last_mask[1] == query.shape:
+    shape = (*query.shape, prefix, prefix_len)
+    if _last_mask is not None and _last_mask[0]() is meta and _last_mask[1] == shape:
         return _last_mask[2]
-    block_mask = grouped_block_mask(meta, query.shape[0], query.shape[2], query.device)
-    _last_mask = (weakref.ref(meta), query.shape, block_mask)
+    block_mask = grouped_block_mask(meta, query.shape[0], query.shape[2], query.device, prefix, prefix_len)
+    _last_mask = (weakref.ref(meta), shape, block_mask)
     return block_mask
 
 
@@ -138,3 +153,13 @@ def _padded(labels: torch.Tensor, length: int) -> torch.Tensor:
     if labels.shape[1] == length:
         return labels
     return torch.nn.functional.pad(labels, (0, length - labels.shape[1]), value=-1)
+
+
+def _bucket(length: int, query: torch.Tensor) -> int:
+    """The length a CUDA kernel compiles for: a multiple of _BUCKET (CPU runs eagerly, as it is)."""
+    return -(-length // _BUCKET) * _BUCKET if query.is_cuda else length
+
+
+def _pad_tokens(t: torch.Tensor, length: int) -> torch.Tensor:
+    """[B, H, S, D] zero-padded to S = length (the mask never reads the padding)."""
+    return t if t.shape[2] == length else torch.nn.functional.pad(t, (0, 0, 0, length - t.shape[2]))

@@ -63,11 +63,9 @@ def grouped_attention(
     choices that never can: preflight)."""
     backend = backend or configured_backend()
     unusable = {"sdpa": None}
-    if shared_kv is not None:  # the cross part reads another pass's keys: only the PyTorch path does yet
-        unusable["flash"] = unusable["flex"] = "the flash and flex paths do not read a shared prefix yet"
-    else:
-        unusable["flash"] = flash_unusable_reason(query)
-        unusable["flex"] = flex_unusable_reason(query)
+    unusable["flex"] = flex_unusable_reason(query)
+    # the cross part reading another pass's keys: flex and the PyTorch path do, flash not yet
+    unusable["flash"] = flash_unusable_reason(query) if shared_kv is None else "it does not read a shared prefix yet"
     if backend == "auto":
         order = ("flash", "flex", "sdpa") if query.is_cuda else ("sdpa",)
         chosen = next(name for name in order if unusable[name] is None)
@@ -80,7 +78,7 @@ def grouped_attention(
     if chosen == "flash":
         return grouped_flash_attention(query, key, value, meta, scale)
     if chosen == "flex":
-        return grouped_flex_attention(query, key, value, meta, scale)
+        return grouped_flex_attention(query, key, value, meta, scale, shared_kv)
     return grouped_sdpa_attention(query, key, value, meta, scale, shared_kv)
 
 
