@@ -39,6 +39,7 @@ META_KWARG = "grouped_attention_meta"  # model(..., grouped_attention_meta=Group
 Backend = GroupedAttention
 BACKENDS: tuple[str, ...] = get_args(Backend)
 BACKEND_ENV = GROUPED_ATTENTION_ENV  # how verl_ext.grouped_attention reaches the training workers (ray_setup.py)
+_flex_failed: list[str] = []  # under auto, FlexAttention failed once in this process: the PyTorch path from then on
 
 
 def configured_backend() -> Backend:
@@ -59,8 +60,9 @@ def grouped_attention(
     shared_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # ([1, Hkv, Lp, D],) * 2 when meta reads a shared prefix
 ) -> torch.Tensor:
     """[B, S, H, D]. "auto": on CUDA flash-attn where it can run these tensors, else FlexAttention, else pure
-    PyTorch; on CPU pure PyTorch. A named backend that cannot run them raises (start-up checks refuse the
-    choices that never can: preflight)."""
+    PyTorch; on CPU pure PyTorch. Under auto a FlexAttention that fails (its compile, on a GPU or torch it was
+    not checked on) leaves this process on the PyTorch path, with a warning. A named backend that cannot run
+    them raises (start-up checks refuse the choices that never can: preflight)."""
     backend = backend or configured_backend()
     unusable = {"sdpa": None}
     unusable["flex"] = flex_unusable_reason(query)
@@ -77,8 +79,16 @@ def grouped_attention(
         chosen = backend
     if chosen == "flash":
         return grouped_flash_attention(query, key, value, meta, scale)
+    if chosen == "flex" and backend == "auto" and _flex_failed:
+        chosen = "sdpa"
     if chosen == "flex":
-        return grouped_flex_attention(query, key, value, meta, scale, shared_kv)
+        try:
+            return grouped_flex_attention(query, key, value, meta, scale, shared_kv)
+        except Exception as error:  # noqa: BLE001  (auto only: a compile or kernel failure leaves the exact path)
+            if backend != "auto":
+                raise
+            _flex_failed.append(repr(error))
+            logger.warning("grouped attention: FlexAttention failed (%r); this process uses the PyTorch path", error)
     return grouped_sdpa_attention(query, key, value, meta, scale, shared_kv)
 
 
