@@ -206,7 +206,7 @@ def test_a_warm_start_outside_its_band_is_refused_and_not_kept(tmp_path, monkeyp
 
 @pytest.mark.parametrize("start_reward,refused", [(0.39, True), (0.52, False), (0.68, False), (0.86, True)])
 def test_the_full_build_s_band(start_reward, refused):
-    # 0.52 and 0.68: the two processors measured (README); below, a warm start that did not take; above, no room
+    # 0.52 and 0.68: the two processors measured (docs/running.md); below, a warm start that did not take; above, no room
     # for the demo's learning bar
     if refused:
         with pytest.raises(DemoAssetsError, match="report it"):

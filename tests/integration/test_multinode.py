@@ -57,7 +57,7 @@ def _user_env(home: Path, **settings: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def token_file(tmp_path_factory) -> Path:
-    """The cluster's token, made as the README says, then readable by its owner only."""
+    """The cluster's token, made as docs/cluster.md says, then readable by its owner only."""
     home = tmp_path_factory.mktemp("admin")
     subprocess.run([RAY, "get-auth-token", "--generate"], env=_user_env(home), check=True, capture_output=True)
     path = home / ".ray" / "auth_token"
