@@ -33,3 +33,43 @@ def test_summary_states_the_change_and_writes_the_plot(tmp_path):
     assert "first quarter: 0.410 ± 0.010" in text and "last quarter: 0.590 ± 0.010" in text
     assert f"change: +0.180 ± {math.hypot(0.01, 0.01):.3f}" in text
     assert plot.stat().st_size > 0
+
+
+def test_the_phase_panel_is_scaled_to_the_steady_steps():
+    from verl_ext.report import phase_axis_top
+
+    steps = [{"timing_s/step": 20.0}, {"timing_s/step": 4.0}, {"timing_s/step": 5.0}]
+    assert phase_axis_top(steps) == 6.0  # 1.2x the tallest step after the first, which is cut and marked
+    steps[0]["timing_s/step"] = 5.5
+    assert phase_axis_top(steps) is None  # a first step within the scale sets nothing
+    assert phase_axis_top(steps[:1]) is None
+
+
+def test_the_run_log_takes_every_line_but_the_terminals(tmp_path):
+    """In a child process (pytest captures descriptors itself): Python's prints, C-level writes and a failure."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from verl_ext.run_log import logs_to_file\n"
+        f"path = Path({str(tmp_path / 'run.log')!r})\n"
+        "try:\n"
+        "    with logs_to_file(path, show=False) as screen:\n"
+        "        print('step table', file=screen)\n"
+        "        print('(TaskRunnerV1 pid=1) a worker line')\n"
+        "        print('a warning', file=sys.stderr)\n"
+        "        os.write(1, b'from C\\n')\n"
+        "        raise RuntimeError('boom')\n"
+        "except RuntimeError:\n"
+        "    print('after: on the terminal again')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    shown = done.stdout.splitlines()
+    assert "step table" in shown and "after: on the terminal again" in shown
+    assert any(line.startswith("verl_ext: the run stopped; its logs:") for line in shown)
+    assert not any("worker line" in line or "from C" in line for line in shown) and "a warning" not in done.stderr
+    log = (tmp_path / "run.log").read_text()
+    assert "(TaskRunnerV1 pid=1) a worker line" in log and "a warning" in log and "from C" in log

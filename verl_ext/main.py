@@ -15,7 +15,7 @@ from typing import Optional
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from verl_ext import compat, preflight, ray_setup, report
+from verl_ext import compat, preflight, ray_setup, report, run_log
 from verl_ext.demo_resolver import register_demo_resolver
 from verl_ext.settings import Settings
 
@@ -43,13 +43,14 @@ def _run(config: DictConfig, settings: Optional[Settings]) -> None:
     if metrics_path is None:
         run_ppo(config, task_runner_class=TaskRunnerV1)
         return
-    progress = report.ProgressPrinter(metrics_path, settings.trainer.total_training_steps)
-    progress.start()
-    try:
-        run_ppo(config, task_runner_class=TaskRunnerV1)
-    finally:
-        progress.stop()
-        print(report.summarize(metrics_path, metrics_path.with_name("steps.png")), flush=True)
+    with run_log.logs_to_file(metrics_path.with_name("run.log"), settings.extension.show_logs) as screen:
+        progress = report.ProgressPrinter(metrics_path, settings.trainer.total_training_steps, out=screen)
+        progress.start()
+        try:
+            run_ppo(config, task_runner_class=TaskRunnerV1)
+        finally:
+            progress.stop()
+            print(report.summarize(metrics_path, metrics_path.with_name("steps.png")), file=screen, flush=True)
 
 
 def _enable_step_report(config: DictConfig, settings: Settings) -> Optional[Path]:

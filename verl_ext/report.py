@@ -8,6 +8,7 @@ import math
 import statistics
 import threading
 from pathlib import Path
+from typing import TextIO
 
 # (column title, verl metric key, format)
 COLUMNS = [
@@ -55,21 +56,22 @@ def header() -> str:
 class ProgressPrinter(threading.Thread):
     """Prints one compact line per finished step while the run goes on."""
 
-    def __init__(self, path: Path, total_steps: int, poll_s: float = 1.0):
+    def __init__(self, path: Path, total_steps: int, poll_s: float = 1.0, out: TextIO | None = None):
         super().__init__(daemon=True)
         self.path, self.total_steps, self.poll_s = path, total_steps, poll_s
+        self.out = out  # the terminal (run_log.logs_to_file); None: sys.stdout
         self._done = threading.Event()
         self._printed = 0
 
     def run(self) -> None:
-        print(header(), flush=True)
+        print(header(), file=self.out, flush=True)
         while not self._done.wait(self.poll_s):
             self.flush()
 
     def flush(self) -> None:
         rows = read_steps(self.path)
         for row in rows[self._printed :]:
-            print(f"{format_row(row)}   [{row['step']}/{self.total_steps}]", flush=True)
+            print(f"{format_row(row)}   [{row['step']}/{self.total_steps}]", file=self.out, flush=True)
         self._printed = len(rows)
 
     def stop(self) -> None:
@@ -160,6 +162,15 @@ def _plot_reward(ax, steps: list[int], rows: list[dict]) -> None:
     ax.legend(loc="lower right", fontsize=8)
 
 
+def phase_axis_top(rows: list[dict]) -> float | None:
+    """The phase panel's top when the first step would set its scale (1.2x the tallest later step), else None."""
+    totals = [r.get("timing_s/step", 0.0) for r in rows]
+    if len(totals) < 2 or max(totals[1:]) <= 0:
+        return None
+    top = 1.2 * max(totals[1:])
+    return top if totals[0] > top else None
+
+
 def _plot_step_time(ax, steps: list[int], rows: list[dict]) -> None:
     """Stacked phases of each step (seconds, left axis) and accepted tokens per target forward (right axis)."""
     bottom = [0.0] * len(rows)
@@ -170,6 +181,11 @@ def _plot_step_time(ax, steps: list[int], rows: list[dict]) -> None:
             heights = [r.get(key, 0.0) for r in rows]
         ax.bar(steps, heights, bottom=bottom, width=0.8, label=label)
         bottom = [b + h for b, h in zip(bottom, heights)]
+    top = phase_axis_top(rows)
+    if top is not None:  # the first step's warm-up would squeeze every later bar: it is marked, not scaled to
+        ax.set_ylim(0, top)
+        ax.annotate(f"step {steps[0]}: {rows[0]['timing_s/step']:.0f} s (warm-up, cut)", (steps[0], top),
+                    xytext=(4, -4), textcoords="offset points", fontsize=8, va="top")
     ax.set_ylabel("seconds per step")
     ax.set_xlabel("step")
     ax.grid(alpha=0.3, axis="y")

@@ -12,7 +12,8 @@ module receives these typed objects.
                                                        full_determinism, free_cache_engine, engine_kwargs.hf.*, ...
     actor_rollout_ref          PrefixGrouperSettings   actor.use_prefix_grouper, the keys it cannot run with, and
                                                        actor.ppo_mini_batch_size (whole groups per mini-batch)
-    verl_ext                   ExtensionSettings       data_dir, report_dir, demo_profile, grouped_attention
+    verl_ext                   ExtensionSettings       data_dir, report_dir, demo_profile, grouped_attention,
+                                                       show_logs
     data                       DataSettings            train_batch_size
 
 Each field names the keys it is read from in ``metadata["keys"]``. ``DECLARED_KEYS`` holds them all, with the
@@ -190,10 +191,13 @@ class ExtensionSettings:
     demo_profile: DemoProfile = _key("demo_profile", default="full")  # the build of the embedded default
     # the shared-prefix forward's kernel: auto = flash-attn where installed on CUDA, else FlexAttention; sdpa on CPU
     grouped_attention: GroupedAttention = _key("grouped_attention", default="auto")
+    # with a step report: Ray's and the workers' logs live on the terminal (true) or in report_dir/run.log (false)
+    show_logs: bool = _key("show_logs", default=False)
 
     def __post_init__(self) -> None:
         _check_choice("verl_ext.grouped_attention", self.grouped_attention, GroupedAttention,
                       "auto picks the fastest that runs (flash, flex, sdpa).")
+        _check_bool("verl_ext.show_logs", self.show_logs)
         if self.demo_profile not in get_args(DemoProfile):
             raise ConfigError(
                 f"verl_ext.demo_profile={self.demo_profile!r} is not a build of the embedded default; choose one of "

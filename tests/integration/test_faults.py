@@ -136,6 +136,10 @@ def test_killed_rollout_server_stops_the_run_and_the_run_resumes(demo_data_dir, 
     for metrics in after.values():
         _check_step_metrics(metrics)
     assert f"steps: {len(after)}" in resumed.stdout and (tmp_path / "report" / "steps.png").stat().st_size > 0
+    # the screen holds the step table and the summary; Ray's forwarded worker lines went to the run's log
+    worker_line = re.compile(r"^(\x1b\[[0-9;]*m)?\((\w+ )?pid=\d+")  # Ray colours the prefix
+    assert not [line for line in resumed.stdout.splitlines() if worker_line.match(line)], resumed.stdout[-3000:]
+    assert any(worker_line.match(line) for line in (tmp_path / "report" / "run.log").read_text().splitlines())
     # the resumed run's drafter went on from the saved history: its last checkpoint holds every response of steps
     # 1-3, 8 for each prompt of the first epoch and 16 for the 4 that step 3 revisited (a fresh history would hold
     # the steps after the checkpoint only)
