@@ -9,6 +9,7 @@ reported as one line naming the problem and the fix, before verl is imported whe
 
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -38,12 +39,14 @@ def _run(config: DictConfig, settings: Optional[Settings]) -> None:
     OmegaConf.resolve(config)  # builds the embedded default here, with progress, if the recipe asks for it
     preflight.check_paths(config)
     ray_setup.prepare_ray(config)
-    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     metrics_path = _enable_step_report(config, settings)
-    if metrics_path is None:
-        run_ppo(config, task_runner_class=TaskRunnerV1)
-        return
-    with run_log.logs_to_file(metrics_path.with_name("run.log"), settings.extension.show_logs) as screen:
+    log_path = None if metrics_path is None else metrics_path.with_name("run.log")
+    with run_log.logs_to_file(log_path, settings.extension.show_logs) as screen:
+        validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                        use_critic=need_critic(config))
+        if metrics_path is None:
+            run_ppo(config, task_runner_class=TaskRunnerV1)
+            return
         progress = report.ProgressPrinter(metrics_path, settings.trainer.total_training_steps, out=screen)
         progress.start()
         try:
@@ -68,6 +71,11 @@ def _enable_step_report(config: DictConfig, settings: Settings) -> Optional[Path
 
 
 def main() -> None:
+    # verl probes its optional training engines when imported and warns about each one missing (megatron,
+    # torchtitan, ...); verl_ext runs FSDP, so this process keeps them off the screen (the workers' copies are
+    # in the run's log)
+    warnings.filterwarnings("ignore", message=r".* engine is not available", category=UserWarning,
+                            module=r"verl\.workers\.engine")
     try:
         compat.require_version("verl")  # verl_ext reaches verl's private names (verl_ext.compat.verl)
     except compat.UncheckedVersion as error:

@@ -17,10 +17,10 @@ from typing import TextIO
 
 
 @contextmanager
-def logs_to_file(path: Path, show: bool) -> Iterator[TextIO]:
+def logs_to_file(path: Path | None, show: bool) -> Iterator[TextIO]:
     """Within the block, this process's stdout and stderr go to `path` (appended); yields the terminal's stream.
-    show=True: nothing moves, the terminal's stream is sys.stdout."""
-    if show:
+    show=True or no path (a run without a step report): nothing moves, the terminal's stream is sys.stdout."""
+    if show or path is None:
         yield sys.stdout
         return
     path.parent.mkdir(parents=True, exist_ok=True)
