@@ -178,29 +178,34 @@ def default_variants(**overrides) -> dict:
 def time_rollouts(model_dir: Path, history_steps, final_steps, response_length: int, device: str = "cpu",
                   temperature: float = 1.0, variants: dict | None = None, repeats: int = 3,
                   device_ms: float = 0.0) -> dict[str, tuple]:
+    """time_model_rollouts on the policy saved in model_dir (fp32), stopping at its tokenizer's EOS."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return time_model_rollouts(model.to(device).eval(), tokenizer.pad_token_id, frozenset({tokenizer.eos_token_id}),
+                               history_steps, final_steps, response_length, temperature, variants, repeats, device_ms)
+
+
+def time_model_rollouts(model, pad_token_id: int, stops: frozenset, history_steps, final_steps, response_length: int,
+                        temperature: float = 1.0, variants: dict | None = None, repeats: int = 3,
+                        device_ms: float = 0.0) -> dict[str, tuple]:
     """(tokens/s, speculation counters, outputs) of each variant on the same prompts, each drafter warmed
     with the history_steps' rollouts; variants: name -> SpeculationConfig (None: no speculation). Variants
     take turns step by step in rotating order, so a shared host's drift slows them alike; each of `repeats`
     rounds starts fresh engines, and a variant's tokens and seconds add up over the rounds (counters and
     outputs: the last round's). device_ms > 0: each verification forward keeps an emulated device busy that
     much longer (DeviceTimeEngine)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
-    model = model.to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    stops = frozenset({tokenizer.eos_token_id})
     variants = variants or default_variants()
     settings = SamplingSettings(temperature=temperature)
     warm_up = [GenerationRequest(p, response_length, settings, stops) for p, _ in final_steps[0][:8]]
-    HFGenerationEngine(model, pad_token_id=tokenizer.pad_token_id).generate(warm_up)  # kernels, allocator
+    HFGenerationEngine(model, pad_token_id=pad_token_id).generate(warm_up)  # kernels, allocator
     steps = [[GenerationRequest(p, response_length, settings, stops) for p, _ in rollouts] for rollouts in final_steps]
     names = list(variants)
     tokens, seconds = dict.fromkeys(names, 0), dict.fromkeys(names, 0.0)
     last: dict[str, tuple] = {}
     for _ in range(repeats):
-        runs = {name: _VariantRun(model, tokenizer.pad_token_id, variants[name], history_steps, device_ms)
-                for name in names}
+        runs = {name: _VariantRun(model, pad_token_id, variants[name], history_steps, device_ms) for name in names}
         for turn, requests in enumerate(steps):
             for name in names[turn % len(names):] + names[: turn % len(names)]:
                 runs[name].generate(requests)

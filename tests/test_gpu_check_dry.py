@@ -1,5 +1,6 @@
 """tests/gpu/check_torch_only.py, the GPU check for a bare CUDA machine, runs end to end on CPU in its dry mode:
-every row of its table is there, and the grouped forward's log-probs in the timing rows equal the standard's."""
+every row of its table is there, the grouped forward's log-probs in the timing rows equal the standard's, and the
+rollout's greedy outputs are identical with every drafter."""
 
 import re
 import subprocess
@@ -25,3 +26,5 @@ def test_the_gpu_check_runs_dry_on_cpu():
     diff = float(re.search(r"max log-prob diff ([0-9.e-]+)", speed_up[2]).group(1))
     assert diff <= 1e-3, speed_up  # fp32: the grouped forward computes the standard one's log-probs
     assert all(row[3] in {"info", "pass?", "fail?"} for row in rows), rows  # dry verdicts never fail the run
+    identical = [row for row in rows if row[1].endswith("outputs identical to no speculation")]
+    assert len(identical) == 2 and all(row[3] == "pass?" for row in identical), identical  # greedy: exact on CPU too

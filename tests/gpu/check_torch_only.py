@@ -12,6 +12,12 @@ no download, well under 64 MiB brought along), one table printed last, about 3 m
 2. timing: forward+backward (activation checkpointing, as verl trains) of a ~1.5B random Qwen2 in bf16 on one
    GRPO group, Lp = 4096 and 8192, G = 16, Lr = 256: standard, grouped `sdpa`, grouped `flex`, with the
    theoretical token ratio, the speed-up, peak memory and FlexAttention's first-call (compile) time.
+3. rollout: verl_ext's HF rollout of the same model (its forward keeps the GPU busy), 64 prompts, greedy, after a
+   first pass recorded as the history (as a policy revisiting its prompts): outputs identical with every
+   drafter, tokens/s without speculation, with synchronous NgramRL drafting and with prefetch overlapping the
+   verification forward, and the prefetch coverage. Needs numba (NgramRL's compiled drafting); without it the
+   section says so in one line. `--verify-cost` adds `benchmarks/verify_cost.py --device cuda`'s table (it needs
+   the embedded default under data/: carry it along).
 
 --dry runs on CPU in fp32 with a 2-layer model and short groups; FlexAttention has no CPU backward, so there its
 gradient rows say so and its forward is compared instead. What it checks is the script: shapes, the table; its
@@ -224,10 +230,66 @@ def timing(device: str, dtype: torch.dtype, config: dict, cases: list[tuple[int,
     use_backend("auto")
 
 
+# ---------------------------------------------------------------- 3. rollout
+
+
+def rollout(device: str, dtype: torch.dtype, config: dict, batch: int, prompt_len: int, response_len: int) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("numba") is None:
+        report("rollout", "HF rollout with NgramRL", "skipped: numba is not installed (NgramRL drafts with it)")
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from ngram_rollout import time_model_rollouts
+
+    from verl_ext.rollout.engine import HFGenerationEngine
+    from verl_ext.rollout.requests import GenerationRequest, SamplingSettings
+    from verl_ext.speculation import SpeculationConfig
+
+    model = _model(config, dtype, device).eval()
+    gen = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(1, config["vocab_size"], (prompt_len,), generator=gen).tolist() for _ in range(batch)]
+    greedy = SamplingSettings(temperature=0.0)
+    recorded = HFGenerationEngine(model, pad_token_id=0, seed=0).generate(
+        [GenerationRequest(p, response_len, greedy) for p in prompts])  # the history: the policy's own answers
+    history = [[(p, r.token_ids) for p, r in zip(prompts, recorded)]]
+    base = dict(method="ngram_rl", num_draft_tokens=16, adaptive=False)
+    variants = {"none": None, "ngram_rl sync": SpeculationConfig(**base, prefetch=False),
+                "ngram_rl prefetch": SpeculationConfig(**base, prefetch=True, prefetch_worker="overlap")}
+    timed = time_model_rollouts(model, 0, frozenset(), history, [[(p, None) for p in prompts]], response_len,
+                                temperature=0.0, variants=variants, repeats=1)
+    where = f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f}B Qwen2, batch {batch}, greedy"
+    reference = timed["none"][2]
+    base_rate = timed["none"][0]
+    for name, (tokens_per_s, metrics, outputs) in timed.items():
+        same = sum(a == b for a, b in zip(outputs, reference))
+        accepted = "" if metrics is None else f", {metrics.accepted_tokens_per_forward:.2f} tokens a forward"
+        report("rollout", f"{name} ({where})", f"{tokens_per_s:.0f} tokens/s, {tokens_per_s / base_rate:.2f}x{accepted}")
+        if name != "none":
+            report("rollout", f"{name}: outputs identical to no speculation", f"{same}/{len(reference)} sequences",
+                   same == len(reference))
+    metrics = timed["ngram_rl prefetch"][1]
+    report("rollout", "prefetch coverage (outcomes drafted before they were needed)", f"{metrics.prefetch_coverage:.1%}")
+
+
+def verify_cost_table() -> None:
+    """benchmarks/verify_cost.py --device cuda, printed as it prints it (the adaptive controller's GPU table)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "verify_cost.py"), "--device", "cuda",
+                           "--profile", "full"], capture_output=True, text=True, cwd=root, timeout=300)
+    print(done.stdout[-6000:], done.stderr[-2000:] if done.returncode else "", flush=True)
+    report("verify cost", "benchmarks/verify_cost.py --device cuda --profile full",
+           "table above" if done.returncode == 0 else f"failed (exit {done.returncode}), output above",
+           done.returncode == 0)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry", action="store_true", help="CPU, tiny shapes: the script's own plumbing")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--verify-cost", action="store_true", help="also benchmarks/verify_cost.py --device cuda")
     args = parser.parse_args()
     if not args.dry and not torch.cuda.is_available():
         sys.exit("check_torch_only.py: needs a CUDA GPU visible to torch (or --dry on CPU)")
@@ -240,8 +302,12 @@ def main() -> int:
     equivalence(device, dtype)
     if args.dry:
         timing(device, dtype, TINY, [(32, 4, 8)], repeats=1)
+        rollout(device, dtype, TINY, batch=8, prompt_len=16, response_len=24)
     else:
         timing(device, dtype, QWEN25_1P5B, [(4096, 16, 256), (8192, 16, 256)], args.repeats)
+        rollout(device, dtype, QWEN25_1P5B, batch=64, prompt_len=512, response_len=256)
+        if args.verify_cost:
+            verify_cost_table()
     print(f"\n== verl_ext GPU check ({'dry, CPU' if args.dry else torch.cuda.get_device_name()}; torch "
           f"{torch.__version__}; {time.perf_counter() - started:.0f} s)")
     for row in ROWS:
