@@ -55,3 +55,13 @@ def test_full_determinism_on_cpu_vllm_is_refused(tmp_path):
     with pytest.raises(preflight.ConfigError, match="rollout.name=hf"):
         preflight.check_before_data(config)
     preflight.check_before_data(_config(tmp_path / "data", recipe="demo_cpu_vllm"))  # control
+
+
+def test_flash_attention_that_is_not_the_checked_one_is_refused(tmp_path):
+    """verl_ext.grouped_attention=flash needs flash-attn 2.8.3, read from what is installed (here: none)."""
+    with pytest.raises(preflight.ConfigError) as error:
+        preflight.check_before_data(_config(tmp_path / "data", "trainer.device=cuda", "verl_ext.grouped_attention=flash"))
+    assert "verl_ext.grouped_attention=flash: flash-attn (not installed) is installed" in str(error.value)
+    with pytest.raises(preflight.ConfigError) as error:  # control: flex needs nothing, the next check speaks
+        preflight.check_before_data(_config(tmp_path / "data", "trainer.device=cuda", "verl_ext.grouped_attention=flex"))
+    assert "grouped_attention" not in str(error.value)

@@ -18,6 +18,7 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from verl_ext import compat
 from verl_ext.demo_resolver import RESOLVER
 from verl_ext.platform import vllm_cpu
 from verl_ext.settings import ConfigError, Settings, read_settings
@@ -95,6 +96,16 @@ def _one_line(error: BaseException) -> str:
     return "; ".join(line.strip() for text in lines for line in text.splitlines()[:2] if line.strip())
 
 
+def _check_grouped_attention_installed(backend: str) -> None:
+    """verl_ext.grouped_attention=flash needs the flash-attn verl_ext was checked against, as the kernel does at run
+    time (compat.flash_attn.unusable_reason), read from the installed distribution without importing it."""
+    if backend != "flash":
+        return
+    problem = compat.version_problem("flash-attn")
+    if problem is not None:
+        raise ConfigError(f"verl_ext.grouped_attention=flash: {problem} (flex needs nothing installed)")
+
+
 def check_rollout_backend(settings: Settings) -> None:
     """The rollout engine the config names can run here (vLLM: installed, and on CPU, a processor it runs on)."""
     if settings.rollout.name != "vllm":
@@ -132,6 +143,7 @@ def check_before_data(config: DictConfig) -> Settings:
     """Every check that needs no built data, so a typo is reported in seconds, not after the build."""
     settings = read_settings(config)
     engine_args.check_rollout(settings.rollout)  # the vLLM route's own check (the schema knows no route)
+    _check_grouped_attention_installed(settings.extension.grouped_attention)
     _check_device_visible(settings.trainer.device)
     check_paths(config, skip_built=True)
     return settings

@@ -24,7 +24,6 @@ raw config.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Literal, Mapping, Optional, get_args
@@ -238,14 +237,12 @@ class Settings:
 
 
     def _check_grouped_attention(self) -> None:
-        """A kernel named by verl_ext.grouped_attention that can never run here is refused at start-up."""
+        """A kernel verl_ext.grouped_attention names that the device cannot run is refused (whether flash-attn is
+        installed is the environment's question: preflight.check_before_data)."""
         key, backend = "verl_ext.grouped_attention", self.extension.grouped_attention
         if backend in ("flash", "flex") and self.trainer.device == "cpu":
             raise ConfigError(f"{key}={backend} needs CUDA ({'flash-attn' if backend == 'flash' else 'FlexAttention'}"
                               " has no CPU backward); on trainer.device=cpu use sdpa or auto.")
-        if backend == "flash" and importlib.util.find_spec("flash_attn") is None:
-            raise ConfigError(f"{key}=flash needs flash-attn, which is not installed; install flash-attn 2.8.3 "
-                              "or use flex (torch's FlexAttention, nothing to install) or auto.")
 
 
 # ---- the parser ---------------------------------------------------------------------------------------------
