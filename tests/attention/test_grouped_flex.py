@@ -70,9 +70,7 @@ def test_the_pattern_check_catches_a_sibling_read():
     honest = flex_module.token_labels
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(flex_module, "token_labels", lambda meta: (honest(meta)[0], honest(meta)[1].clamp(max=0)))
-        flex_module._last_mask = None
-        merged = _read_pattern(grouped_flex_attention, batch)
-    flex_module._last_mask = None
+        merged = _read_pattern(grouped_flex_attention, batch)  # a new meta: its mask is built from these labels
     assert not torch.equal(merged, _read_pattern(grouped_sdpa_attention, batch))
 
 

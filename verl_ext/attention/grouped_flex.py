@@ -31,6 +31,7 @@ from verl_ext.attention.layout import GroupedAttentionMeta
 
 _BUCKET = 256  # stream lengths compile in steps of this many tokens (two of FlexAttention's 128-token blocks)
 _compiled = None  # torch.compile(flex_attention), built on first CUDA use
+_compiled_mask = None  # torch.compile(create_block_mask), likewise
 _stats = {"new_shapes": 0, "first_call_seconds": 0.0}
 _shapes_seen: set[tuple] = set()
 _last_mask: tuple[weakref.ref, tuple, object] | None = None  # (meta, q's shape and the prefix's, its BlockMask)
@@ -82,8 +83,10 @@ def grouped_block_mask(meta: GroupedAttentionMeta, batch: int, length: int, devi
         shared = (kv < prefix_len) & (response[b, q] >= 0)
         return (group[b, q] >= 0) & ((kv >= prefix) & in_stream | shared)
 
-    return create_block_mask(may_read, batch, None, length, prefix + length, device=device,
-                             _compile=device.type == "cuda")
+    # On CUDA the mask is built by a compiled create_block_mask (torch's advice for long sequences): the eager
+    # one evaluates every (query, key) pair at once, an [L, prefix + L] tensor per row.
+    build = _compiled_block_mask() if device.type == "cuda" else create_block_mask
+    return build(may_read, batch, None, length, prefix + length, device=device)
 
 
 def grouped_flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: GroupedAttentionMeta,
@@ -120,6 +123,15 @@ def _block_mask(meta: GroupedAttentionMeta, query: torch.Tensor, prefix: int, pr
     block_mask = grouped_block_mask(meta, query.shape[0], query.shape[2], query.device, prefix, prefix_len)
     _last_mask = (weakref.ref(meta), shape, block_mask)
     return block_mask
+
+
+def _compiled_block_mask():
+    global _compiled_mask
+    if _compiled_mask is None:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        _compiled_mask = torch.compile(create_block_mask)
+    return _compiled_mask
 
 
 def _kernel(query: torch.Tensor):
