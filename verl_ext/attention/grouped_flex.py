@@ -30,6 +30,7 @@ import torch
 from verl_ext.attention.layout import GroupedAttentionMeta
 
 _BUCKET = 256  # stream lengths compile in steps of this many tokens (two of FlexAttention's 128-token blocks)
+# Process state below, no lock: a training worker runs its forwards and backwards on one thread.
 _compiled = None  # torch.compile(flex_attention), built on first CUDA use
 _compiled_mask = None  # torch.compile(create_block_mask), likewise
 _stats = {"new_shapes": 0, "first_call_seconds": 0.0}
