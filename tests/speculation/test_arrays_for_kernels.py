@@ -1,24 +1,27 @@
-"""The arrays ngram_rl's batch kernel reads: the prompt arena (slots, snapshots that stay valid, rebuilds) and the
-global history's hash chain (the newest occurrences of an n-gram, against a scan of the live segments)."""
+"""The arrays ngram_rl's batch kernel reads: the prompt arena (slots, snapshots that stay valid, rebuilds), the run
+directories (a key's run, against a binary search) and the global history's hash chain (the newest occurrences of
+an n-gram, against a scan of the live segments)."""
 
 import random
 
 import numpy as np
 
+from verl_ext.speculation import run_directory
 from verl_ext.speculation.global_history import GlobalHistory
 from verl_ext.speculation.prompt_arena import PromptArena
 
 
 def _arrays(rng: random.Random) -> tuple[np.ndarray, ...]:
-    sizes = [rng.randrange(0, 300)] + [rng.randrange(0, 200)] * 2 + [rng.randrange(0, 100)] * 2
-    high = [1000, 1000, 1000, 1 << 40, 1000]  # the pair keys are int64
+    sizes = ([rng.randrange(0, 300)] + [rng.randrange(0, 200)] * 2 + [rng.randrange(0, 100)] * 2
+             + [2 * rng.randrange(1, 64), 2 * rng.randrange(1, 64)])
+    high = [1000, 1000, 1000, 1 << 40, 1000, 1000, 1000]  # the pair keys are int64
     return tuple(np.asarray([rng.randrange(-1, high[f]) for _ in range(n)], dtype=np.int64 if f == 3 else np.int32)
                  for f, n in enumerate(sizes))
 
 
 def _held(view, slot: int) -> list[list[int]]:
-    h0, h1, e0, e1, p0, p1 = view.bounds[slot].tolist()
-    spans = [(h0, h1), (e0, e1), (e0, e1), (p0, p1), (p0, p1)]
+    h0, h1, e0, e1, p0, p1, d0, d1, t0, t1 = view.bounds[slot].tolist()
+    spans = [(h0, h1), (e0, e1), (e0, e1), (p0, p1), (p0, p1), (d0, d1), (t0, t1)]
     return [view[field][lo:hi].tolist() for field, (lo, hi) in enumerate(spans)]
 
 
@@ -49,7 +52,25 @@ def test_a_dropped_slot_reads_as_empty():
     arena = PromptArena()
     slot = arena.add(_arrays(random.Random(1)))
     arena.drop(slot)
-    assert arena.view.bounds[slot].tolist() == [0] * 6
+    assert arena.view.bounds[slot].tolist() == [0] * 10
+
+
+def test_a_run_directory_finds_every_run_and_nothing_else():
+    """Against np.searchsorted, on sorted keys with long runs, int32 (tokens) and int64 (pairs x << 32 | t, where
+    keys differing only in their high half must not be confused); absent keys include every key's neighbours."""
+    rng = np.random.default_rng(4)
+    for size in (0, 1, 2, 7, 300, 5000):
+        tokens = np.sort(rng.integers(0, 40, size)).astype(np.int32)
+        pairs = np.sort((rng.integers(0, 30, size) << 32) | rng.integers(0, 30, size)).astype(np.int64)
+        for keys in (tokens, pairs):
+            directory = run_directory.build(keys)
+            distinct = len(np.unique(keys))
+            assert len(directory) // 2 >= 2 * distinct  # load factor at most 1/2: probes stay short
+            asked = np.unique(np.concatenate([keys, keys + 1, keys - 1, keys + (1 << 32) * (keys.dtype == np.int64),
+                                              [0, 12345]])).astype(keys.dtype)
+            for key in asked.tolist():
+                lo, hi = np.searchsorted(keys, key, "left"), np.searchsorted(keys, key, "right")
+                assert run_directory.find(directory, keys, keys.dtype.type(key)) == ((lo, hi) if hi > lo else (0, 0))
 
 
 def _scan(history: GlobalHistory, tail: list[int], limit: int) -> list[int]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from verl_ext.speculation import global_history
+from verl_ext.speculation import global_history, run_directory
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
 from verl_ext.speculation.ngram_match import MAX_CANDIDATES, PAD, SEP
 
@@ -24,24 +24,7 @@ _JIT = dict(nogil=True, cache=True)
 SOURCES = ("none", "prompt", "siblings", "self", "global")  # sources[b] indexes this
 _PROMPT, _SIBLINGS, _SELF, _GLOBAL = 1, 2, 3, 4
 GLOBAL_CANDIDATES = 256  # most recent occurrences of the last two context tokens a global match starts from
-
-
-@njit(**_JIT)
-def _lower(keys, lo, hi, key):
-    """First index in keys[lo:hi] (sorted) whose value is >= key."""
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if keys[mid] < key:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@njit(**_JIT)
-def _span(keys, lo, hi, key):
-    """(start, stop) of `key`'s run in keys[lo:hi] (sorted)."""
-    return _lower(keys, lo, hi, key), _lower(keys, lo, hi, key + 1)
+_SCAN_BLOCK = 64  # tokens a scan for one token compares before it branches
 
 
 @njit(**_JIT)
@@ -134,14 +117,15 @@ def _longest(history, candidates, count, tail, min_n, ends):
 
 
 @njit(**_JIT)
-def _prompt_draft(history, end_tokens, ends_by_token, pair_keys, pair_positions, tail, min_n, ends, alive, drafts,
-                  row):
+def _prompt_draft(history, end_tokens, ends_by_token, pair_keys, pair_positions, pair_directory, token_directory,
+                  tail, min_n, ends, alive, drafts, row):
     """PromptIndex.draft from its sorted arrays -> drafts[row]; its length. A context ending in a pair (x, t) that
     occurs matches from that pair's occurrences; otherwise its last token alone (when min_n allows one)."""
     n = len(tail)
     token = tail[n - 1]
-    if n >= 2:  # a pair's run is one binary search: keys are x << 32 | t
-        pair_lo, pair_hi = _span(pair_keys, 0, len(pair_keys), (np.int64(tail[n - 2]) << 32) | np.int64(token))
+    if n >= 2:  # a pair's run is one directory probe: keys are x << 32 | t
+        pair_lo, pair_hi = run_directory.find(pair_directory, pair_keys,
+                                              (np.int64(tail[n - 2]) << 32) | np.int64(token))
         if pair_lo < pair_hi:  # (its t has continuable ends, as every pair's does)
             for c in range(pair_hi - pair_lo):
                 ends[c] = pair_positions[pair_lo + c] + 1
@@ -149,10 +133,29 @@ def _prompt_draft(history, end_tokens, ends_by_token, pair_keys, pair_positions,
             return _vote(history, ends, found, drafts, row, alive) if longest else 0
     if min_n > 1:
         return 0
-    lo, hi = _span(end_tokens, 0, len(end_tokens), token)
+    lo, hi = run_directory.find(token_directory, end_tokens, token)
     for c in range(hi - lo):
         ends[c] = ends_by_token[lo + c]
     return _vote(history, ends, hi - lo, drafts, row, alive) if hi > lo else 0
+
+
+@njit(**_JIT)
+def _occurrences(history, stop, token, out):
+    """Positions of `token` in history[:stop], in order, -> out; how many. Blocks of _SCAN_BLOCK are first only
+    counted (a loop the compiler vectorises), and scanned one by one only where they hold the token: a miss,
+    the common case, costs a fraction of a branch per token."""
+    count = 0
+    for start in range(0, stop, _SCAN_BLOCK):
+        block = history[start: min(start + _SCAN_BLOCK, stop)]
+        hits = np.int32(0)
+        for i in range(len(block)):
+            hits += np.int32(block[i] == token)
+        if hits:
+            for i in range(len(block)):
+                if block[i] == token:
+                    out[count] = start + i
+                    count += 1
+    return count
 
 
 @njit(**_JIT)
@@ -161,12 +164,7 @@ def _scan_match(history, tail, min_n, ends):
     ends); `ends` is grown when it is shorter than the history."""
     if len(history) > len(ends):
         ends = np.empty(2 * len(history), dtype=np.int64)
-    count = 0
-    token = tail[len(tail) - 1]
-    for i in range(len(history) - 1):
-        if history[i] == token:
-            ends[count] = i
-            count += 1
+    count = _occurrences(history, len(history) - 1, tail[len(tail) - 1], ends)
     longest, found = _longest(history, ends, count, tail, min_n, ends)
     return longest, found, ends
 
@@ -182,7 +180,8 @@ def batch_drafts(batch_rows, tokens, token_rows, lens, budgets, slots, prompt_ar
     [A] int32 and live_spans [B, 2]: the row's siblings' block in LiveOutputs' arena (equal bounds: none);
     global_arrays: (buf, prev, heads, bits, base, live_start, n) of a GlobalHistory, n = 0 for none.
     """
-    history, end_tokens, ends_by_token, pair_keys, pair_positions, bounds = prompt_arena
+    history, end_tokens, ends_by_token, pair_keys, pair_positions, pair_directory, token_directory, bounds = (
+        prompt_arena)
     global_buf, global_prev, global_heads, global_bits, global_base, global_start, global_n = global_arrays
     ends = np.empty(1024, dtype=np.int64)  # candidates of the source being matched; grown as needed
     best_ends = np.empty(1024, dtype=np.int64)  # the winning fallback's longest matches
@@ -199,11 +198,12 @@ def batch_drafts(batch_rows, tokens, token_rows, lens, budgets, slots, prompt_ar
         tail = row_tokens[length - n: length]
         slot = slots[b]
         if use_prompt and slot >= 0:
-            h_lo, h_hi, e_lo, e_hi, p_lo, p_hi = bounds[slot]
+            h_lo, h_hi, e_lo, e_hi, p_lo, p_hi, d_lo, d_hi, t_lo, t_hi = bounds[slot]
             if e_hi - e_lo > len(ends):
                 ends = np.empty(2 * (e_hi - e_lo), dtype=np.int64)
             size = _prompt_draft(history[h_lo:h_hi], end_tokens[e_lo:e_hi], ends_by_token[e_lo:e_hi],
-                                 pair_keys[p_lo:p_hi], pair_positions[p_lo:p_hi], tail, min_n, ends, alive, drafts, b)
+                                 pair_keys[p_lo:p_hi], pair_positions[p_lo:p_hi], pair_directory[d_lo:d_hi],
+                                 token_directory[t_lo:t_hi], tail, min_n, ends, alive, drafts, b)
             if size:
                 draft_lens[b] = min(size, budgets[b])
                 sources[b] = _PROMPT

@@ -17,6 +17,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
+from verl_ext.speculation import run_directory
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
 from verl_ext.speculation.ngram_match import SEP, continuation_windows, extend_match
 from verl_ext.speculation.outcome_drafts import PrefetchWork
@@ -51,10 +52,12 @@ class PromptIndex(PrefetchWork):
         self._drafts, self._by_context = carried if carried is not None else ({}, {})
 
     def kernel_arrays(self) -> tuple[np.ndarray, ...]:
-        """(history, end tokens, ends by token, pair keys, pair positions): what compiled_match.batch_drafts reads
-        (by way of a PromptArena). A pair (x, t) is the key x << 32 | t: one binary search finds its run."""
+        """(history, end tokens, ends by token, pair keys, pair positions, pair directory, token directory): what
+        compiled_match.batch_drafts reads (by way of a PromptArena). A pair (x, t) is the key x << 32 | t; the
+        directories (run_directory.py) find a pair's or a token's run in one probe."""
         pair_keys = (self._pair_first.astype(np.int64) << 32) | self._pair_next.astype(np.int64)
-        return self.history, self._end_tokens, self._ends_by_token, pair_keys, self._pair_positions
+        return (self.history, self._end_tokens, self._ends_by_token, pair_keys, self._pair_positions,
+                run_directory.build(pair_keys), run_directory.build(self._end_tokens))
 
     def carry_over(self, changed: set[int]) -> tuple[dict, dict]:
         """The memos a next version keeps when the segments added or dropped hold only `changed` tokens: a key

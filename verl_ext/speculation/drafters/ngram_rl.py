@@ -159,7 +159,8 @@ class NgramRLDrafter(Drafter):
         """(slots [B], live spans [B, 2], the prompt arena's view, the live arena) for compiled_match.batch_drafts:
         one index lookup per prompt (a GRPO group's rows share it), under one lock."""
         prompt_of: dict[int, int] = {}  # prompt key -> its place in `keys`
-        row_prompt = [prompt_of.setdefault(r.prompt_key, len(prompt_of)) for r in requests]  # [B]
+        row_prompt = np.fromiter((prompt_of.setdefault(r.prompt_key, len(prompt_of)) for r in requests),
+                                 dtype=np.int64, count=len(requests))  # [B]
         keys = list(prompt_of)
         slots, prompt_arena = self._current_slots(keys)
         stale = [key for key, slot in zip(keys, slots) if slot < 0 and self.cache.version(key)]
