@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from verl_ext.rollout.packed_step import PackedRows
 from verl_ext.rollout.slot_cache import SlotCache
 
 # Free slots per row beyond a new batch's prompts; the cache doubles when a row runs out.
@@ -40,9 +41,10 @@ class DecodeBatch:
     def size(self) -> int:
         return self.end.shape[0]
 
-    def prepare_step(self, width: int) -> int:
-        """Make room for ``width`` new tokens per row at [end, end + width); returns the span the step reads."""
-        return self.cache.prepare_write(self.end, width)
+    def prepare_step(self, width: int, packed: PackedRows | None = None) -> int:
+        """Make room for ``width`` new tokens per row at [end, end + width) (a packed step writes only its own);
+        returns the span the step reads."""
+        return self.cache.prepare_write(self.end, width, packed)
 
     def attention_mask(self, width: int, span: int, window: int | None = None) -> torch.Tensor:
         """The step's attention mask [B, 1, width, span] (bool; True: attend).

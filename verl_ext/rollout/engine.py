@@ -16,6 +16,7 @@ from typing import Callable, Optional
 import torch
 from transformers import DynamicCache
 
+from verl_ext.rollout import packed_step
 from verl_ext.rollout.batch_state import DecodeBatch, concat_batches
 from verl_ext.rollout.requests import GenerationRequest, GenerationResult
 from verl_ext.speculation import (
@@ -66,8 +67,13 @@ class HFGenerationEngine:
         speculator: Optional[Speculator] = None,
     ):
         self.model = model
+        # verification steps pack their rows (packed_step.py) where the model's attention function is a
+        # registered one; eager attention pads every row to the longest draft
+        self.packs_drafts = packed_step.enable(model)
         self.pad_token_id = pad_token_id
         self.speculator = speculator
+        if speculator is not None:
+            speculator.verify_packed(self.packs_drafts)
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.rows: dict[int, RowState] = {}
@@ -216,8 +222,11 @@ class HFGenerationEngine:
         return batch
 
     def _forward_step(self, batch: DecodeBatch, drafts: list[list[int]]) -> torch.Tensor:
-        """Feed [pending token, draft...] per row; returns logits [B, K+1, V]."""
+        """Feed [pending token, draft...] per row; returns logits [B, K+1, V]. Where the drafts' lengths differ
+        and the model's attention allows, the rows are packed (packed_step.py): a row pays for its own draft."""
         width = 1 + max(len(d) for d in drafts)
+        if self.packs_drafts and width > 1 and any(len(d) < width - 1 for d in drafts):
+            return self._packed_forward_step(batch, drafts, width)
         input_ids = torch.full((batch.size, width), self.pad_token_id, dtype=torch.long, device=self.device)
         input_ids[:, 0] = batch.pending_token
         for i, draft in enumerate(drafts):
@@ -228,6 +237,14 @@ class HFGenerationEngine:
         masks = _attention_masks(self.model.config, lambda window: batch.attention_mask(width, span, window))
         out = self.model(input_ids=input_ids, attention_mask=masks, position_ids=positions, past_key_values=batch.cache)
         return out.logits
+
+    def _packed_forward_step(self, batch: DecodeBatch, drafts: list[list[int]], width: int) -> torch.Tensor:
+        input_ids, positions, packed = packed_step.pack(batch.pending_token, drafts, batch.next_position)
+        span = batch.prepare_step(width, packed)
+        masks = _attention_masks(self.model.config, lambda window: batch.attention_mask(width, span, window))
+        out = self.model(input_ids=input_ids, attention_mask=masks, position_ids=positions,
+                         past_key_values=batch.cache, **{packed_step.PACKED_KWARG: packed})
+        return packed_step.unpack_logits(out.logits, packed, batch.size)
 
     def _advance(self, batch: DecodeBatch, emitted: list[list[int]], log_probs: list[list[float]]) -> None:
         """Keep the cache slots of the pending token and the accepted drafts; the last emitted token becomes pending."""

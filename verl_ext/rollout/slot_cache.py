@@ -3,8 +3,8 @@
 transformers' DynamicCache concatenates every layer's whole cache with the new tokens on every forward (a copy of
 the cache per step), and a verification step appends K+1 slots to every row whether or not its drafts are kept.
 Here each row owns the slots [0, capacity) of its buffer and a write offset (DecodeBatch.end): a forward writes
-its S new tokens at [end, end + S) with one scatter per layer, and a rejected draft's slots are simply
-overwritten by the next forward. The buffers grow geometrically when a row reaches the end.
+its S new tokens at [end, end + S) with one scatter per layer (a packed step, packed_step.py, writes each of its
+tokens at its own row and slot), and a rejected draft's slots are simply overwritten by the next forward. The buffers grow geometrically when a row reaches the end.
 
 Implements the part of transformers 5.10's ``Cache`` interface its decoder layers call (``update``); the
 attention mask comes from DecodeBatch, passed to the model as a 4-D mask per attention type.
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+from verl_ext.rollout.packed_step import PackedRows
 
 
 class SlotLayer(CacheLayerMixin):
@@ -48,27 +50,39 @@ class SlotCache(Cache):
         # keys, values: per layer [B, kv_heads, capacity, head_dim]
         super().__init__(layers=[SlotLayer(k, v) for k, v in zip(keys, values, strict=True)])
         self._write_index: torch.Tensor | None = None  # [B, kv_heads, S, head_dim] slot of each new token
+        self._packed_write: tuple[torch.Tensor, torch.Tensor] | None = None  # ([T] row, [T] slot) of a packed step
         self._span = 0  # slots the next forward attends over (the longest row's end + S)
 
     @property
     def capacity(self) -> int:
         return self.layers[0].keys.shape[2]
 
-    def prepare_write(self, ends: torch.Tensor, width: int) -> int:
-        """The next forward writes ``width`` tokens per row at [ends, ends + width); returns the span it reads."""
+    def prepare_write(self, ends: torch.Tensor, width: int, packed: PackedRows | None = None) -> int:
+        """The next forward writes ``width`` tokens per row at [ends, ends + width), or a packed step's tokens at
+        ends[row] + col; returns the span it reads."""
         self._span = int(ends.max().item()) + width
         if self._span > self.capacity:
             self.grow(max(self._span, 2 * self.capacity))
+        if packed is not None:
+            self._packed_write = (packed.rows, ends[packed.rows] + packed.cols)
+            return self._span
+        self._packed_write = None
         batch, heads, _, dim = self.layers[0].keys.shape
         slots = ends[:, None] + torch.arange(width, device=ends.device)  # [B, S]
         self._write_index = slots[:, None, :, None].expand(batch, heads, width, dim)
         return self._span
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """key_states, value_states: [B, kv_heads, S, head_dim] -> the layer's [B, kv_heads, span, head_dim]."""
+        """key_states, value_states: [B, kv_heads, S, head_dim] ([1, kv_heads, T, head_dim] packed) -> the layer's
+        [B, kv_heads, span, head_dim]."""
         layer = self.layers[layer_idx]
-        layer.keys.scatter_(2, self._write_index, key_states)
-        layer.values.scatter_(2, self._write_index, value_states)
+        if self._packed_write is not None:
+            rows, slots = self._packed_write
+            layer.keys[rows, :, slots] = key_states[0].transpose(0, 1)  # [T, kv_heads, head_dim]
+            layer.values[rows, :, slots] = value_states[0].transpose(0, 1)
+        else:
+            layer.keys.scatter_(2, self._write_index, key_states)
+            layer.values.scatter_(2, self._write_index, value_states)
         return layer.keys[:, :, : self._span], layer.values[:, :, : self._span]
 
     def grow(self, capacity: int) -> None:

@@ -7,6 +7,11 @@ measures it in the engine). The gain over plain decoding is E / c, so each seque
 maximises it (0 when no k beats plain decoding: speculation switches off for that sequence), and since a
 padded batched step costs what its longest row costs, the batch cap is the k that maximises the batch's total
 E / c (0: plain decoding beats every draft length, and the step drafts nothing).
+
+An engine that packs its verification rows (rollout/packed_step.py) pays for the step's draft tokens, not for
+the longest draft in every row: a step drafting X tokens over B rows costs what a step whose rows each draft
+X / B tokens does, c(B, X / B) read between the table's k. Then each row drafts its own length
+(`packed_draft_lengths`): the X draft tokens go to the rows and positions likeliest to be accepted.
 """
 
 from __future__ import annotations
@@ -85,6 +90,22 @@ def speedup_ceiling(alpha: Sequence[float], batch_size: int, cost: VerifyCostMod
     return _gains(alpha, batch_size, cost, max_k).max(axis=1)
 
 
+def packed_draft_lengths(alpha: Sequence[float], cost: VerifyCostModel, max_k: int) -> np.ndarray:
+    """Per row, the draft length that maximises the batch's sum_i E(alpha_i, k_i) / c(B, sum_i k_i / B) when the
+    step is packed. Row i's j-th draft token adds alpha_i^j expected tokens, less for each later j, so for any
+    total X the best rows and positions are the X likeliest (a prefix of each row); X is chosen by the ratio."""
+    batch = len(alpha)  # -> [B] int
+    if batch == 0:
+        return np.zeros(0, dtype=np.int64)
+    added = np.asarray(alpha, dtype=np.float64)[:, None] ** np.arange(1, max_k + 1)  # [B, max_k]
+    order = np.argsort(-added, axis=None, kind="stable")  # likeliest first; a row's own tokens stay in order
+    emitted = batch + np.concatenate(([0.0], np.cumsum(added.ravel()[order])))  # [B * max_k + 1] for X = 0, 1, ..
+    per_row = np.arange(len(emitted)) / batch
+    costs = np.interp(per_row, np.arange(max_k + 1), cost.curve(batch)[: max_k + 1])
+    best = int((emitted / costs).argmax())
+    return np.bincount(order[:best] // max_k, minlength=batch)
+
+
 def batch_cap(alpha: Sequence[float], lengths: Sequence[int], cost: VerifyCostModel, max_k: int) -> int:
     """The K that maximises sum_i E(alpha_i, min(k_i, K)) / c(B, K) for a padded batched forward."""
     if len(alpha) == 0:
@@ -114,7 +135,9 @@ class AdaptiveDraftLength:
     sequence drafts: any draft in a step makes the whole batch pay the drafting step's fixed part (the jump of c
     from k = 0 to k = 1).
 
-    Without a cost model (`cost` None: no table measured for the device) every sequence drafts max_k.
+    Without a cost model (`cost` None: no table measured for the device) every sequence drafts max_k. With
+    `packed` (the engine verifies packed rows: Speculator.verify_packed) lengths come from packed_draft_lengths
+    and probes come every probe_interval-th step whether or not anyone drafts: a probe costs its own row only.
 
     No lock: the engine's decode thread owns it (Speculator.propose and record); the prefetch worker never reads it.
     """
@@ -125,6 +148,7 @@ class AdaptiveDraftLength:
     probe_interval: int = 8
     cost: Optional[VerifyCostModel] = field(default_factory=VerifyCostModel)
     enabled: bool = True
+    packed: bool = False
     _seqs: dict[int, _SeqState] = field(default_factory=dict, init=False, repr=False)
     _steps: int = field(default=0, init=False, repr=False)
     # the last plan: (acceptance version, sequences) -> per-sequence lengths and batch cap; a plain step changes
@@ -148,6 +172,8 @@ class AdaptiveDraftLength:
         if not self.enabled or self.cost is None:
             return [self.max_k] * len(seq_ids)
         lengths, cap = self._lengths_and_cap(seq_ids)
+        if self.packed:
+            cap = self.max_k  # no batch cap, and probes as often while nobody drafts
         self._steps += 1
         # a probe step: switched-off rows draft 1 token; rarer while nobody drafts (the whole batch pays for it)
         interval = self.probe_interval if cap > 0 else self.probe_interval * _IDLE_BATCH_PROBE_FACTOR
@@ -158,8 +184,11 @@ class AdaptiveDraftLength:
         key = (self._version, tuple(seq_ids))
         if self._plan is None or self._plan[0] != key:
             alpha = [self.alpha(s) for s in seq_ids]
-            lengths = best_draft_length(alpha, len(seq_ids), self.cost, self.max_k)
-            self._plan = (key, lengths.tolist(), batch_cap(alpha, lengths, self.cost, self.max_k))
+            if self.packed:
+                self._plan = (key, packed_draft_lengths(alpha, self.cost, self.max_k).tolist(), self.max_k)
+            else:
+                lengths = best_draft_length(alpha, len(seq_ids), self.cost, self.max_k)
+                self._plan = (key, lengths.tolist(), batch_cap(alpha, lengths, self.cost, self.max_k))
         return self._plan[1], self._plan[2]
 
     def update(self, seq_ids: Sequence[int], num_drafted: Sequence[int], num_accepted: Sequence[int]) -> None:

@@ -69,6 +69,11 @@ class Speculator:
         self.prefetcher.submit(requests, drafts)
         return drafts
 
+    def verify_packed(self, packed: bool) -> None:
+        """Whether the engine verifies its rows packed (each row pays for its own draft, not the batch's longest):
+        the draft lengths are then planned row by row (adaptive.packed_draft_lengths)."""
+        self.lengths.packed = packed
+
     def overlap(self, device_done) -> None:
         """Right after the verification forward is launched: prefetch until device_done() says it finished."""
         if self.prefetcher is not None:
