@@ -14,7 +14,9 @@ Made where they are used, inside the Ray worker that needs them, because they de
                             (workers/grouped_engine.py: register_grouped_engines, when use_prefix_grouper)
     AttentionInterface      "verl_ext_grouped" (attention/interface.py: register, when a model enters grouped mode)
                             and the CPU rollout's GQA attention (rollout/gqa_attention.py: rollout_attention, with
-                            its AttentionMaskInterface entry, when the HF rollout runs sdpa on CPU)
+                            its AttentionMaskInterface entry, when the HF rollout runs sdpa on CPU), and
+                            "verl_ext_packed_<its attention>" (rollout/packed_step.py: enable, with the mask entry
+                            of the function it wraps, when an HF rollout engine is built on a model)
 
 tests/test_registrations_listed.py holds this list to the code: every registry call in the package is in a
 module named here.

@@ -39,9 +39,12 @@ def _running_batch(model, rng: random.Random) -> HFGenerationEngine:
     return engine
 
 
-def _ragged_drafts(rng: random.Random, rows: int) -> list[list[int]]:
-    drafts = [[rng.randrange(1, VOCAB) for _ in range(rng.choice([0, 0, 1, 3, 9]))] for _ in range(rows)]
-    drafts[rng.randrange(rows)] = [rng.randrange(1, VOCAB) for _ in range(12)]  # the longest; others shorter
+def _ragged_drafts(rng: random.Random, rows: int, drafting: int) -> list[list[int]]:
+    """`drafting` of the rows draft, one of them 12 tokens (the longest), the others 1-9."""
+    chosen = rng.sample(range(rows), drafting)
+    drafts = [[] for _ in range(rows)]
+    for i, row in enumerate(chosen):
+        drafts[row] = [rng.randrange(1, VOCAB) for _ in range(12 if i == 0 else rng.choice([1, 3, 9]))]
     return drafts
 
 
@@ -58,15 +61,18 @@ SLIDING = dict(use_sliding_window=True, sliding_window=5, max_window_layers=1,
 
 @pytest.mark.parametrize("attn", ATTENTIONS)
 @pytest.mark.parametrize("extra", [{}, SLIDING], ids=["full", "sliding"])
-def test_packed_step_gives_each_row_the_logits_of_the_padded_step(attn, extra):
+@pytest.mark.parametrize("drafting", [2, 6], ids=["few-draft", "most-draft"])  # the drafting rows' caches; all
+def test_packed_step_gives_each_row_the_logits_of_the_padded_step(attn, extra, drafting):
     """fp32: every row's logits over its pending token and its own draft equal the padded step's (<= 1e-5),
     with sliding-window layers beside full ones (a mask per layer type)."""
     model = _model(attn, **extra)
     rng = random.Random(0)
-    for _ in range(4):
+    for _ in range(3):
         engine = _running_batch(model, rng)
         assert engine.packs_drafts, "the rollout attention functions are registered ones: the engine packs"
-        drafts = _ragged_drafts(rng, engine.batch.size)
+        drafts = _ragged_drafts(rng, engine.batch.size, drafting)
+        assert (packed_step.pack(engine.batch.pending_token, drafts, engine.batch.next_position)[2].draft_rows
+                is None) == (drafting == 6)
         padded = _step_logits(engine, drafts, packed=False)
         packed = _step_logits(engine, drafts, packed=True)  # writes the same slots: the padded run changes nothing
         for row, draft in enumerate(drafts):
@@ -74,17 +80,28 @@ def test_packed_step_gives_each_row_the_logits_of_the_padded_step(attn, extra):
                                        rtol=1e-5, atol=1e-5)
 
 
-def test_a_draft_reading_another_rows_cache_is_caught(monkeypatch):
-    """Negative control: with the drafting rows' caches taken in the wrong order the comparison above fails."""
+def _other_rows(packed: packed_step.PackedRows) -> None:
+    """Each draft token's query moved to the next row the draft part reads (a bug the comparison must catch)."""
+    if packed.draft_rows is not None:
+        object.__setattr__(packed, "draft_rows", packed.draft_rows.roll(1))
+    else:
+        rows = packed.first.shape[0] * (packed.width - 1)
+        object.__setattr__(packed, "draft_slot", (packed.draft_slot + packed.width - 1) % rows)
+
+
+@pytest.mark.parametrize("drafts", [[[5, 6, 7], [], [8, 9], [], [], [], [11, 12, 13, 14]],
+                                    [[5, 6, 7], [1], [8, 9], [], [10], [2, 3], [11, 12, 13, 14]]],
+                         ids=["few-draft", "most-draft"])
+def test_a_draft_reading_another_rows_cache_is_caught(monkeypatch, drafts):
+    """Negative control: with draft tokens attending over another row's cache the comparison above fails."""
     model = _model("sdpa")
     engine = _running_batch(model, random.Random(1))
-    drafts = [[5, 6, 7], [], [8, 9], [], [10], [], [11, 12, 13, 14]]
     padded = _step_logits(engine, drafts, packed=False)
     pack = packed_step.pack
 
     def swapped(*args):
         input_ids, positions, packed = pack(*args)
-        object.__setattr__(packed, "drafting", packed.drafting.flip(0))
+        _other_rows(packed)
         return input_ids, positions, packed
 
     monkeypatch.setattr(packed_step, "pack", swapped)

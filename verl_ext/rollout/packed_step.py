@@ -6,7 +6,8 @@ T = sum over rows of (1 + k_b) tokens, each with its own position id: the projec
 tokens. Only attention needs the rows apart (each token attends to its own row's cache), and it runs in two
 parts that pad no plain row:
 - every row's first token (its pending token) against the whole cache, one query a row, as a plain step does;
-- the drafting rows' draft tokens, padded to the longest draft, against those rows' caches only.
+- the draft tokens, padded to the longest draft, against the drafting rows' caches only, or, where at least
+  half the rows draft, against every row's (no copy of the caches; the plain rows' padded queries are wasted).
 Each query sees exactly the slots a padded step shows it (DecodeBatch.attention_mask), so each row computes
 what it would alone. The model runs it through a wrapper around its own attention function, registered under
 a name of its own (`enable`); without a PackedRows argument the wrapper is the function it wraps.
@@ -35,7 +36,7 @@ class PackedRows:
     rows: torch.Tensor  # [T] long
     cols: torch.Tensor  # [T] long: 0 is the row's pending token, 1.. its draft
     first: torch.Tensor  # [B] long: the packed index of each row's pending token
-    drafting: torch.Tensor  # [R] long: the rows with a draft
+    draft_rows: torch.Tensor | None  # [R] long: the rows the draft part attends over (None: all of them)
     draft_tokens: torch.Tensor  # [X] long: packed indices of the draft tokens, row by row
     draft_slot: torch.Tensor  # [X] long: each draft token's place in the flattened [R, width - 1]
     width: int  # 1 + the longest draft
@@ -55,12 +56,15 @@ def pack(pending: torch.Tensor, drafts: Sequence[Sequence[int]],
     cols = torch.arange(rows.shape[0], device=device) - first[rows]  # [T]
     input_ids = torch.tensor([t for d in drafts for t in (0, *d)], dtype=torch.long, device=device)
     input_ids[first] = pending
-    drafting = torch.nonzero(lengths > 1).flatten()  # [R]
     width = int(lengths.max())
     is_draft = cols > 0
-    draft_rank = torch.cumsum(lengths > 1, 0) - 1  # [B] each drafting row's place among them
-    packed = PackedRows(rows, cols, first, drafting, torch.nonzero(is_draft).flatten(),
-                        draft_rank[rows[is_draft]] * (width - 1) + cols[is_draft] - 1, width)
+    drafting = lengths > 1
+    if 2 * int(drafting.sum()) > len(drafts):  # most rows draft: copying their caches would cost more than it saves
+        draft_rows, rank = None, torch.arange(len(drafts), device=device)
+    else:
+        draft_rows, rank = torch.nonzero(drafting).flatten(), torch.cumsum(drafting, 0) - 1  # [R], [B]
+    packed = PackedRows(rows, cols, first, draft_rows, torch.nonzero(is_draft).flatten(),
+                        rank[rows[is_draft]] * (width - 1) + cols[is_draft] - 1, width)
     return input_ids[None], (next_position[rows] + cols)[None], packed
 
 
@@ -80,13 +84,15 @@ def _packed_attention(inner, module, query, key, value, attention_mask, packed: 
     first, _ = inner(module, tokens[packed.first].unsqueeze(2), key, value,  # [B, H, 1, D]
                      None if attention_mask is None else attention_mask[:, :, :1], **kwargs)
     out[packed.first] = first[:, 0]
-    if len(packed.drafting):
-        drafting, width = packed.drafting, packed.width - 1
-        queries = query.new_zeros(len(drafting) * width, heads, dim)
+    if len(packed.draft_tokens):
+        rows, width = packed.draft_rows, packed.width - 1
+        if rows is not None:
+            key, value = key.index_select(0, rows), value.index_select(0, rows)
+            attention_mask = None if attention_mask is None else attention_mask.index_select(0, rows)
+        queries = query.new_zeros(key.shape[0] * width, heads, dim)
         queries[packed.draft_slot] = tokens[packed.draft_tokens]
-        queries = queries.view(len(drafting), width, heads, dim).transpose(1, 2)  # [R, H, width, D]
-        mask = None if attention_mask is None else attention_mask.index_select(0, drafting)[:, :, 1:]
-        drafts, _ = inner(module, queries, key.index_select(0, drafting), value.index_select(0, drafting), mask,
+        queries = queries.view(key.shape[0], width, heads, dim).transpose(1, 2)  # [R, H, width, D]
+        drafts, _ = inner(module, queries, key, value, None if attention_mask is None else attention_mask[:, :, 1:],
                           **kwargs)  # [R, width, H, D]
         out[packed.draft_tokens] = drafts.reshape(-1, heads, dim)[packed.draft_slot]
     return out[None], None
