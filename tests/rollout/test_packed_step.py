@@ -112,7 +112,8 @@ def test_a_draft_reading_another_rows_cache_is_caught(monkeypatch, drafts):
 
 
 def test_engine_packs_ragged_steps_and_keeps_greedy_output(monkeypatch):
-    """ngram_rl with per-row lengths: steps are packed, and every output equals speculation-free greedy's."""
+    """ngram_rl with per-row lengths (adaptive_plan=row): steps are packed, and every output equals
+    speculation-free greedy's."""
     model = _model(rollout_attention("sdpa", torch.device("cpu")))
     rng = random.Random(2)
     prompts = [[rng.randrange(1, VOCAB) for _ in range(rng.randrange(3, 20))] for _ in range(6)]
@@ -121,9 +122,9 @@ def test_engine_packs_ragged_steps_and_keeps_greedy_output(monkeypatch):
     packed_steps = []
     pack = packed_step.pack
     monkeypatch.setattr(packed_step, "pack", lambda *a: packed_steps.append(1) or pack(*a))
-    config = SpeculationConfig(method="ngram_rl", num_draft_tokens=8, min_match=1, prefetch=False)
+    config = SpeculationConfig(method="ngram_rl", num_draft_tokens=8, min_match=1, prefetch=False, adaptive_plan="row")
     engine = HFGenerationEngine(model, pad_token_id=0, speculator=Speculator(config))
-    assert engine.speculator.lengths.packed
+    assert engine.speculator.lengths.plans_rows
     for _ in range(3):  # later epochs draft from the earlier ones' responses
         assert [r.token_ids for r in engine.generate(requests)] == [r.token_ids for r in plain]
     assert engine.speculator.take_metrics().accepted_tokens_per_forward > 1.2
@@ -149,3 +150,13 @@ def test_packed_draft_lengths_are_the_best_allocation():
         assert _objective(alpha, chosen, cost, max_k) == pytest.approx(best, rel=1e-12)
     assert packed_draft_lengths([0.0, 0.0], cost, max_k).tolist() == [0, 0]  # nothing to gain: plain decoding
     assert packed_draft_lengths([0.95, 0.1], cost, 16).tolist()[1] < packed_draft_lengths([0.95, 0.1], cost, 16)[0]
+
+
+def test_a_row_plan_needs_a_packing_engine(caplog):
+    """adaptive_plan=row on a model whose attention cannot be wrapped (eager) plans per batch, and says so."""
+    config = SpeculationConfig(method="ngram_rl", adaptive_plan="row")
+    engine = HFGenerationEngine(_model("eager"), pad_token_id=0, speculator=Speculator(config))
+    assert not engine.packs_drafts and not engine.speculator.lengths.plans_rows
+    assert "adaptive_plan=row needs an engine that packs" in caplog.text
+    with pytest.raises(ValueError, match="adaptive_plan"):
+        SpeculationConfig(adaptive_plan="rows")

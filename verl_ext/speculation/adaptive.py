@@ -136,8 +136,9 @@ class AdaptiveDraftLength:
     from k = 0 to k = 1).
 
     Without a cost model (`cost` None: no table measured for the device) every sequence drafts max_k. With
-    `packed` (the engine verifies packed rows: Speculator.verify_packed) lengths come from packed_draft_lengths
-    and probes come every probe_interval-th step whether or not anyone drafts: a probe costs its own row only.
+    `per_row` (adaptive_plan="row") and an engine that verifies packed rows (`packed`, Speculator.verify_packed)
+    lengths come from packed_draft_lengths and probes come every probe_interval-th step whether or not anyone
+    drafts: a probe costs its own row only.
 
     No lock: the engine's decode thread owns it (Speculator.propose and record); the prefetch worker never reads it.
     """
@@ -148,7 +149,8 @@ class AdaptiveDraftLength:
     probe_interval: int = 8
     cost: Optional[VerifyCostModel] = field(default_factory=VerifyCostModel)
     enabled: bool = True
-    packed: bool = False
+    per_row: bool = False  # adaptive_plan == "row"
+    packed: bool = False  # the engine verifies packed rows
     _seqs: dict[int, _SeqState] = field(default_factory=dict, init=False, repr=False)
     _steps: int = field(default=0, init=False, repr=False)
     # the last plan: (acceptance version, sequences) -> per-sequence lengths and batch cap; a plain step changes
@@ -161,7 +163,11 @@ class AdaptiveDraftLength:
         table = config.cost_table(device_type)
         cost = VerifyCostModel(table) if table is not None else None
         return cls(config.num_draft_tokens, config.adaptive_ema_decay, config.adaptive_prior_acceptance,
-                   config.adaptive_probe_interval, cost, config.adaptive)
+                   config.adaptive_probe_interval, cost, config.adaptive, config.adaptive_plan == "row")
+
+    @property
+    def plans_rows(self) -> bool:
+        return self.per_row and self.packed
 
     def alpha(self, seq_id: int) -> float:
         state = self._seqs.get(seq_id)
@@ -172,7 +178,7 @@ class AdaptiveDraftLength:
         if not self.enabled or self.cost is None:
             return [self.max_k] * len(seq_ids)
         lengths, cap = self._lengths_and_cap(seq_ids)
-        if self.packed:
+        if self.plans_rows:
             cap = self.max_k  # no batch cap, and probes as often while nobody drafts
         self._steps += 1
         # a probe step: switched-off rows draft 1 token; rarer while nobody drafts (the whole batch pays for it)
@@ -184,7 +190,7 @@ class AdaptiveDraftLength:
         key = (self._version, tuple(seq_ids))
         if self._plan is None or self._plan[0] != key:
             alpha = [self.alpha(s) for s in seq_ids]
-            if self.packed:
+            if self.plans_rows:
                 self._plan = (key, packed_draft_lengths(alpha, self.cost, self.max_k).tolist(), self.max_k)
             else:
                 lengths = best_draft_length(alpha, len(seq_ids), self.cost, self.max_k)

@@ -8,6 +8,7 @@ from typing import Any, Literal, Optional, get_args
 
 SpeculationMethod = Literal["ngram_rl", "prompt_lookup", "suffix", "none"]
 PrefetchWorker = Literal["overlap", "thread"]
+AdaptivePlan = Literal["batch", "row"]
 # (batch size, draft tokens, cost ratio) rows; (batch size, cost ratio at MAX_DRAFT_TOKENS) pairs also do
 CostTable = tuple[tuple[int, int, float] | tuple[int, float], ...]
 
@@ -74,6 +75,12 @@ class SpeculationConfig:
     adaptive_ema_decay: float = 0.7  # weight of the past in the acceptance EMA, 0 <= decay < 1
     adaptive_prior_acceptance: float = 0.7  # acceptance assumed for a sequence before its first verification
     adaptive_probe_interval: int = 8  # steps a switched-off sequence waits before a 1-token probe draft
+    # "batch": one cap on the step's drafts, as a padded step costs its longest row; "row": each row its own
+    # length (adaptive.packed_draft_lengths), for an engine that packs its verification rows (the HF engine
+    # wherever its model's attention is a registered function). Batch by default: on CPU a packed step's
+    # attention still pads its draft tokens to the longest draft, which the cost table does not see
+    # (docs/design-notes.md, "Packed verification").
+    adaptive_plan: AdaptivePlan = "batch"
     # None: the device's table (cost_table): CPU_VERIFY_COST_TABLE on CPU; none on an accelerator, where each
     # sequence drafts num_draft_tokens unless a table measured there is given.
     verify_cost_table: Optional[CostTable] = None
@@ -85,6 +92,8 @@ class SpeculationConfig:
     def __post_init__(self) -> None:
         if self.prefetch not in (True, False, "auto"):
             _fail("prefetch", self.prefetch, "use true, false or auto (on with an accelerator, off on CPU).")
+        if self.adaptive_plan not in get_args(AdaptivePlan):
+            _fail("adaptive_plan", self.adaptive_plan, f"use one of {list(get_args(AdaptivePlan))}.")
         if self.prefetch_worker not in get_args(PrefetchWorker):
             _fail("prefetch_worker", self.prefetch_worker, f"use one of {list(get_args(PrefetchWorker))}.")
         if self.method not in get_args(SpeculationMethod):

@@ -21,6 +21,7 @@ that continues none of the previous call's sequences (a new batch) sees everythi
 
 from __future__ import annotations
 
+import logging
 from typing import Sequence
 
 from verl_ext.speculation.adaptive import AdaptiveDraftLength
@@ -29,6 +30,8 @@ from verl_ext.speculation.drafters.base import DraftRequest, Drafter, source_of
 from verl_ext.speculation.factory import build_drafter
 from verl_ext.speculation.metrics import SpecMetrics
 from verl_ext.speculation.prefetch import DraftPrefetcher
+
+logger = logging.getLogger(__name__)
 
 
 class Speculator:
@@ -71,8 +74,11 @@ class Speculator:
 
     def verify_packed(self, packed: bool) -> None:
         """Whether the engine verifies its rows packed (each row pays for its own draft, not the batch's longest):
-        the draft lengths are then planned row by row (adaptive.packed_draft_lengths)."""
+        under adaptive_plan="row" the draft lengths are then planned row by row (adaptive.packed_draft_lengths)."""
         self.lengths.packed = packed
+        if self.lengths.per_row and not packed:
+            logger.warning("speculation.adaptive_plan=row needs an engine that packs its verification rows; this "
+                           "model's attention is not a registered function (eager?), so drafts are planned per batch")
 
     def overlap(self, device_done) -> None:
         """Right after the verification forward is launched: prefetch until device_done() says it finished."""
