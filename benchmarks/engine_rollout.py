@@ -1,17 +1,19 @@
 """The HF rollout engine alone, without verl around it: one GRPO group batch per round, with and without ngram_rl.
 
-    python benchmarks/engine_rollout.py [--profile long] [--rounds 4] [--prompts 8] [--n 8]
+    python benchmarks/engine_rollout.py [--profile long] [--rounds 4] [--prompts 8] [--n 8] [--plans batch,row]
 
 Both sides run in this process on the embedded default's policy and prompts (--profile long: the long-answer
 task of demo_cpu_long; built under $VERL_EXT_DATA_DIR or data/ on first use), temperature 1, max_response_length
 of the matching recipe. Every round sends the same prompts again (n samples each), as an epoch of RL does, so
 ngram_rl's round r drafts from rounds < r. Prints per round: tokens, wall-clock, tokens/s, the engine's phase
-seconds, accepted tokens per forward; then each side's mean over rounds >= 1 and their ratio. The two
-sides alternate round by round.
+seconds, accepted tokens per forward; then each side's mean over rounds >= 1 and their ratio. The sides
+alternate round by round. --plans runs one ngram_rl engine per adaptive_plan named (batch: one cap a step; row:
+each row its own length over packed steps) and adds each one's median per-round ratio to no speculation.
 """
 
 import argparse
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -56,21 +58,27 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--plans", default="batch", help="adaptive_plan of each ngram_rl engine, comma-separated")
     args = parser.parse_args()
     model, prompts, stops = load_task(args.profile, args.prompts)
     requests = [GenerationRequest(p, MAX_NEW_TOKENS[args.profile], SamplingSettings(temperature=1.0), stops)
                 for p in prompts for _ in range(args.n)]
     print(f"threads {torch.get_num_threads()}, {len(requests)} requests a round")
-    engines = {"none": HFGenerationEngine(model, pad_token_id=0, seed=0),
-               "ngram_rl": HFGenerationEngine(model, pad_token_id=0, seed=0,
-                                              speculator=Speculator(SpeculationConfig(method="ngram_rl")))}
+    plans = args.plans.split(",")
+    engines = {"none": HFGenerationEngine(model, pad_token_id=0, seed=0)}
+    for plan in plans:
+        config = SpeculationConfig(method="ngram_rl", adaptive_plan=plan)
+        name = "ngram_rl" if plans == ["batch"] else f"ngram_rl/{plan}"
+        engines[name] = HFGenerationEngine(model, pad_token_id=0, seed=0, speculator=Speculator(config))
     rates = {name: [] for name in engines}
     for r in range(args.rounds):  # the two sides alternate, so a drift in the machine's speed hits both alike
         for name, engine in engines.items():
             rates[name].append(run_round(engine, requests, name, r))
     means = {name: sum(rs[1:] or rs) / len(rs[1:] or rs) for name, rs in rates.items()}
-    print(f"tokens/s over rounds >= 1: none {means['none']:.0f}, ngram_rl {means['ngram_rl']:.0f}, "
-          f"ratio {means['ngram_rl'] / means['none']:.2f}x")
+    for name in list(engines)[1:]:
+        per_round = [ours / plain for ours, plain in zip(rates[name][1:] or rates[name], rates["none"][1:] or rates["none"])]
+        print(f"tokens/s over rounds >= 1: none {means['none']:.0f}, {name} {means[name]:.0f}, "
+              f"ratio {means[name] / means['none']:.2f}x (median per round {statistics.median(per_round):.2f}x)")
 
 
 if __name__ == "__main__":
