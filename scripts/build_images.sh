@@ -64,8 +64,10 @@ if [[ -z "$CA_BUNDLE" ]]; then
     CA_BUNDLE=${PIP_CERT:-$(python3 -m pip config get global.cert 2>/dev/null || true)}
 fi
 if [[ -n "$CA_BUNDLE" ]]; then
-    [[ -s "$CA_BUNDLE" && -r "$CA_BUNDLE" ]] || fail "the CA bundle $CA_BUNDLE is not a readable file; name one with --ca-bundle FILE."
-    grep -q "BEGIN CERTIFICATE" "$CA_BUNDLE" || fail "$CA_BUNDLE holds no PEM certificate; --ca-bundle wants a CA bundle."
+    [[ -s "$CA_BUNDLE" && -r "$CA_BUNDLE" ]] \
+        || fail "the CA bundle $CA_BUNDLE is not a readable file; name one with --ca-bundle FILE."
+    grep -q "BEGIN CERTIFICATE" "$CA_BUNDLE" \
+        || fail "$CA_BUNDLE holds no PEM certificate; --ca-bundle wants a CA bundle."
 fi
 
 TORCH_PIN=$(sed -n 's/^torch==//p' constraints.txt)
@@ -88,17 +90,22 @@ if ((FROM_DEBIAN)); then
     BASE=localhost/verl-ext-base:bookworm
     [[ $ENGINE == docker ]] && BASE=verl-ext-base:bookworm
     if ! "$ENGINE" image inspect "$BASE" >/dev/null 2>&1; then
-        command -v debootstrap >/dev/null || fail "--base-from-debian needs debootstrap (Debian: apt-get install debootstrap)."
+        command -v debootstrap >/dev/null \
+            || fail "--base-from-debian needs debootstrap (Debian: apt-get install debootstrap)."
         ((EUID == 0)) || fail "--base-from-debian runs debootstrap, which needs root: run as root (or with sudo)."
     fi
 fi
 
-# Peak need, measured with podman: a layer lies three times on disk while it is committed (the build container, a
-# blob in /var/tmp, the stored layer): the GPU image's vLLM layer is 5.6 GB, on 5.5 GB below it, and the CPU image
-# (2.2 GB, one layer), built after it, needs less than that peak left behind.
-NEED_GB=7
-wants gpu && NEED_GB=23
-if [[ $ENGINE == podman ]]; then STORE=$(podman info --format '{{.Store.GraphRoot}}'); else STORE=$(docker info --format '{{.DockerRootDir}}'); fi
+# Peak need, measured with podman 4.3 (free space's low-water mark): 30 GB for the GPU image (11.5 GB when done: the
+# build container keeps every step's files beside the stored layers, and its 5.6 GB vLLM layer is also written as a
+# blob in /var/tmp while it is committed), 8 GB for the CPU image, built after it, once the GPU peak is over.
+NEED_GB=8
+wants gpu && NEED_GB=31
+if [[ $ENGINE == podman ]]; then
+    STORE=$(podman info --format '{{.Store.GraphRoot}}')
+else
+    STORE=$(docker info --format '{{.DockerRootDir}}')
+fi
 FREE_KB=$(df -Pk "$STORE" | awk 'NR == 2 {print $4}')
 FREE_GB=$((FREE_KB / 1024 / 1024))
 ((FREE_GB >= NEED_GB)) || fail "$STORE has ${FREE_GB} GB free; these images need about ${NEED_GB} GB while they" \
@@ -122,9 +129,10 @@ make_debian_base() {
         >"$root.log" 2>&1 || { tail -20 "$root.log" >&2; fail "debootstrap failed (its log: $root.log)."; }
     rm -f "$root.log"
     # what apt fetched and this machine's network settings stay out of the image
-    rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/etc/resolv.conf "$root"/etc/hostname
-    printf 'deb %s bookworm main\ndeb %s bookworm-updates main\ndeb %s bookworm-security main\n' \
-        "$MIRROR" "$MIRROR" "${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}" >"$root/etc/apt/sources.list"
+    rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* \
+        "$root"/etc/resolv.conf "$root"/etc/hostname
+    printf 'deb %s bookworm main\ndeb %s bookworm-updates main\ndeb %s bookworm-security main\n' "$MIRROR" "$MIRROR" \
+        "${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}" >"$root/etc/apt/sources.list"
     tar -C "$root" -c . | "$ENGINE" import --change 'CMD ["/bin/bash"]' - "$BASE" >/dev/null
     rm -rf "$root"
     trap - EXIT
@@ -140,7 +148,7 @@ build() {  # build IMAGE DOCKERFILE [BUILD ARGUMENTS...]
     [[ -n "$BASE" ]] && args+=(--build-arg "BASE_IMAGE=$BASE")
     [[ -n "$PIP_INDEX_URL" ]] && args+=(--build-arg "PIP_INDEX_URL=$PIP_INDEX_URL")
     [[ -n "$CA_BUNDLE" ]] && args+=(--secret "id=pip_ca,src=$CA_BUNDLE")
-    echo "== $image from $dockerfile${BASE:+ (FROM $BASE)}${CA_BUNDLE:+, with the CA bundle $CA_BUNDLE as a build secret}"
+    echo "== $image from $dockerfile${BASE:+ (FROM $BASE)}${CA_BUNDLE:+, the CA bundle $CA_BUNDLE as a build secret}"
     "$ENGINE" build -f "$dockerfile" -t "$image" "${args[@]}" . || fail "building $image failed (above)."
     TIMES+=("$image|$((SECONDS - start))")
 }
