@@ -18,7 +18,7 @@
 #                            release torch was built for (13.0 for PyPI's torch 2.11; --base), and hours
 #     --check                then, in each image: the imports and verl_ext's registrations (docker/check_image.py)
 #     --name NAME            image names NAME:cpu and NAME:gpu (default verl-ext)
-# On 2 cores with a Debian base: the CPU image takes about 5 minutes, the GPU image about 15 (docs/cluster.md).
+# Measured on 2 cores from a fresh clone, Debian base: 11.5 minutes for all, 7.5 of them the GPU image (docs/cluster.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -96,11 +96,11 @@ if ((FROM_DEBIAN)); then
     fi
 fi
 
-# Peak need, measured with podman 4.3 (free space's low-water mark): 30 GB for the GPU image (11.5 GB when done: the
-# build container keeps every step's files beside the stored layers, and its 5.6 GB vLLM layer is also written as a
-# blob in /var/tmp while it is committed), 8 GB for the CPU image, built after it, once the GPU peak is over.
+# Peak need, measured with podman 4.3 (the low-water mark of free space): 33 GB for the GPU image, 11.5 GB when done
+# (podman holds more than the finished layers while it builds, and writes each layer once more as a blob in /var/tmp
+# while it commits it); 8 GB for the CPU image, built after the GPU image's peak is over.
 NEED_GB=8
-wants gpu && NEED_GB=31
+wants gpu && NEED_GB=34
 if [[ $ENGINE == podman ]]; then
     STORE=$(podman info --format '{{.Store.GraphRoot}}')
 else
