@@ -33,7 +33,7 @@ UPSTREAMS = {
     "verl": Upstream("verl", ("0.9.1",), "verl_ext/compat/verl.py", "pip install verl==0.9.1 (make install)"),
     # the version verl 0.9.1 pins (its `vllm` extra)
     "vllm": Upstream("vllm", ("0.24.0",), "verl_ext/compat/vllm.py", "pip install vllm==0.24.0 (pip install -e .[gpu])"),
-    # the version verl 0.9.1 pins (its flash-attn extras) and docker/Dockerfile installs
+    # the version verl 0.9.1 pins (its flash-attn extras) and docker/Dockerfile installs with INSTALL_FLASH_ATTN=true
     "flash-attn": Upstream(
         "flash-attn", ("2.8.3",), "verl_ext/compat/flash_attn.py", "pip install flash-attn==2.8.3 --no-build-isolation"
     ),
