@@ -1,6 +1,6 @@
 """Drafting cost per row and decode step: ngram_rl's NumPy/Python reference, ngram_rl compiled, vLLM's `ngram`.
 
-    python benchmarks/drafting_cost.py [--batches 64,256,1024] [--steps 30] [--no-vllm]
+    python benchmarks/drafting_cost.py [--batches 64,256,1024] [--steps 30] [--no-vllm] [--evict-mb 64]
 
 The workload (issue 29's): vocabulary 32k, 32 prompts each with 16 recent responses of 400 tokens in ngram_rl's
 history, and B rows, each following an edited copy of one of its prompt's answers (a policy that has converged
@@ -13,9 +13,16 @@ tokens drafted per row and step, for
     compiled   NgramRLDrafter.propose on the requests (compiled_match.py, numba; the HF engine's route)
     matrix     NgramRLDrafter.draft_arrays with the rows' tokens as one matrix, as vLLM's InputBatch holds them
                (one compiled call for the batch; the drafts stay in arrays, as vLLM's kernel leaves its own)
+    proposer   NgramRLProposer.propose as vLLM's model runner calls it (synchronous drafting), on the rows as an
+               InputBatch holds them: the vLLM route's whole cost a step (rows to requests, drafting, taking in the
+               siblings' outputs, the drafts as the list[list[int]] vLLM takes)
     vllm       vLLM 0.24's own `ngram` proposer kernel (batch_propose_numba, one thread) on each row's whole
                context (prompt + output) at the same steps, run in .venv-vllm (skipped with a line if absent)
-and the share of a decode step: one forward of B rows, one token each, over a 512-token KV cache, of the
+    vllm_prop  vLLM's NgramProposer.propose around that kernel, what its model runner calls: the counterpart
+               of `proposer`
+--evict-mb N writes N MB before each timed step, in every method and in vLLM's process alike, for caches as a
+forward in between leaves them (without it each step finds what the replay's own bookkeeping left). And the
+share of a decode step: one forward of B rows, one token each, over a 512-token KV cache, of the
 embedded demo's model (random weights), timed here. A line per batch adds what ngram_rl pays once a round
 besides drafting: taking in the siblings' outputs (observe_live), which vLLM's kernel has no counterpart of.
 """
@@ -31,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -38,7 +46,7 @@ from verl_ext.speculation import DraftRequest, SpeculationConfig, build_drafter,
 from verl_ext.speculation.drafters.base import TokenRows
 
 VOCAB, PROMPTS, RESPONSES, LENGTH, PROMPT_LEN, BUDGET = 32_000, 32, 16, 400, 100, 16
-METHODS = ("reference", "compiled", "matrix")
+METHODS = ("reference", "compiled", "matrix", "proposer")
 VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
 
 
@@ -63,10 +71,10 @@ def workload(batch: int, seed: int = 0):
 def replay(method: str, batch: int, steps: int, warmup: int) -> dict:
     """Drive one drafter through `steps` rounds; per-step seconds of propose, tokens drafted, and the contexts."""
     prompts, history, rows = workload(batch)
+    if method == "proposer":
+        return replay_proposer(prompts, history, rows, steps, warmup)
     drafter = build_drafter(SpeculationConfig(method="ngram_rl"))
-    for i, responses in history.items():
-        for response in responses:
-            drafter.observe(prompt_key(prompts[i]), prompts[i], response)
+    _observe(drafter, prompts, history)
     keys = [prompt_key(p) for p in prompts]
     outputs = [answer[:1] for _, answer in rows]
     matrix = _matrix([prompts[p] + answer for p, answer in rows])  # past each row's length: tokens not yet written
@@ -75,6 +83,7 @@ def replay(method: str, batch: int, steps: int, warmup: int) -> dict:
         requests = [DraftRequest(r, keys[p], prompts[p], outputs[r]) for r, (p, _) in enumerate(rows)]
         token_rows = TokenRows(matrix, np.arange(batch), np.asarray([PROMPT_LEN + len(o) for o in outputs]),
                                np.full(batch, PROMPT_LEN))
+        evict()
         start = time.perf_counter()
         if method == "matrix":
             tokens, sizes, _ = drafter.draft_arrays(requests, [BUDGET] * batch, token_rows)
@@ -88,17 +97,74 @@ def replay(method: str, batch: int, steps: int, warmup: int) -> dict:
         start = time.perf_counter()
         drafter.observe_live(requests, token_rows if method == "matrix" else None)  # siblings' outputs, a round
         live_seconds.append(time.perf_counter() - start)
-        for r, (_, answer) in enumerate(rows):
-            done = len(outputs[r])
-            accepted = 0
-            while accepted < len(drafts[r]) and done + accepted < len(answer) and drafts[r][accepted] == answer[done + accepted]:
-                accepted += 1
-            outputs[r] = answer[: min(len(answer), done + accepted + 1)]
+        _advance(rows, outputs, drafts)
+    return _summary(batch, warmup, seconds, drafted, lengths, live_seconds)
+
+
+def replay_proposer(prompts, history, rows, steps: int, warmup: int) -> dict:
+    """`replay` through NgramRLProposer.propose, the rows kept as vLLM's InputBatch keeps them."""
+    from verl_ext.vllm.engine_args import drafter_settings
+    from verl_ext.vllm.proposer import NgramRLProposer
+
+    batch = len(rows)
+    matrix = _matrix([prompts[p] + answer for p, answer in rows])
+    width = matrix.shape[1] + BUDGET + 1
+    proposer = NgramRLProposer(SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=BUDGET),
+        model_config=SimpleNamespace(max_model_len=width), device_config=SimpleNamespace(device_type="cpu")))
+    input_batch = SimpleNamespace(req_ids=[f"row-{r}" for r in range(batch)], token_ids_cpu=matrix,
+                                  num_prompt_tokens=np.full(batch, PROMPT_LEN, dtype=np.int32))
+    runner = SimpleNamespace(input_batch=input_batch, requests={r: object() for r in input_batch.req_ids})
+    proposer.attach(runner, drafter_settings(SpeculationConfig(method="ngram_rl", num_draft_tokens=BUDGET)))
+    _observe(proposer.book.drafter, prompts, history)
+    outputs = [answer[:1] for _, answer in rows]
+    seconds, drafted, lengths = [], [], []
+    for _ in range(steps):
+        num_tokens = np.asarray([PROMPT_LEN + len(o) for o in outputs], dtype=np.int32)
+        sampled = [o[-1:] for o in outputs]
+        evict()
+        start = time.perf_counter()
+        drafts = proposer.propose(sampled, num_tokens, matrix)
+        seconds.append(time.perf_counter() - start)
+        drafted.append(sum(len(d) for d in drafts))
+        lengths.append([len(o) for o in outputs])
+        _advance(rows, outputs, drafts)
+    return _summary(batch, warmup, seconds, drafted, lengths)
+
+
+def _observe(drafter, prompts, history) -> None:
+    for i, responses in history.items():
+        for response in responses:
+            drafter.observe(prompt_key(prompts[i]), prompts[i], response)
+
+
+def _advance(rows, outputs: list[list[int]], drafts) -> None:
+    """Each row accepts its draft's prefix that its answer continues with, plus one token (a replay's step)."""
+    for r, (_, answer) in enumerate(rows):
+        done = len(outputs[r])
+        accepted = 0
+        while (accepted < len(drafts[r]) and done + accepted < len(answer)
+               and drafts[r][accepted] == answer[done + accepted]):
+            accepted += 1
+        outputs[r] = answer[: min(len(answer), done + accepted + 1)]
+
+
+def _summary(batch, warmup, seconds, drafted, lengths, live_seconds=None) -> dict:
     timed = seconds[warmup:]
     return dict(step_s=statistics.median(timed), per_row_us=1e6 * statistics.median(timed) / batch,
-                live_us=1e6 * statistics.median(live_seconds[warmup:]) / batch,
+                live_us=None if live_seconds is None else 1e6 * statistics.median(live_seconds[warmup:]) / batch,
                 tokens_per_row=sum(drafted[warmup:]) / (len(timed) * batch), lengths=lengths[warmup:],
                 drafts=drafted)
+
+
+_EVICTION: list[np.ndarray] = []  # --evict-mb's buffer
+
+
+def evict() -> None:
+    """Before each timed step, what a forward in between does to the caches (--evict-mb): every method, vLLM's
+    in its own process too, gets the same."""
+    for buffer in _EVICTION:
+        buffer += 1
 
 
 def _matrix(contexts: list[list[int]]) -> np.ndarray:
@@ -109,9 +175,10 @@ def _matrix(contexts: list[list[int]]) -> np.ndarray:
 
 
 def vllm_child(path: str) -> None:
-    """In .venv-vllm: time batch_propose_numba on the saved contexts (one numba thread), print JSON."""
+    """In .venv-vllm: time batch_propose_numba (one numba thread), then NgramProposer.propose around it, on the
+    saved contexts; print JSON {vllm: ..., vllm_prop: ...}."""
     from numba import set_num_threads
-    from vllm.v1.spec_decode.ngram_proposer import batch_propose_numba
+    from vllm.v1.spec_decode.ngram_proposer import NgramProposer, batch_propose_numba
 
     set_num_threads(1)
     data = np.load(path)
@@ -121,27 +188,47 @@ def vllm_child(path: str) -> None:
     counts = np.zeros(batch, dtype=np.int32)
     rows = list(range(batch))
     batch_propose_numba(rows, lengths[0], tokens, 1, 8, max_len + BUDGET, BUDGET, draft, counts)  # compiles
-    seconds, drafted = [], []
-    for step_lengths in lengths:
-        start = time.perf_counter()
+
+    def kernel(step_lengths):
         batch_propose_numba(rows, step_lengths, tokens, 1, 8, max_len + BUDGET, BUDGET, draft, counts)
-        seconds.append(time.perf_counter() - start)
-        drafted.append(int(counts.sum()))
-    print(json.dumps(dict(step_s=statistics.median(seconds), per_row_us=1e6 * statistics.median(seconds) / batch,
-                          tokens_per_row=sum(drafted) / (len(drafted) * batch))))
+        return int(counts.sum())
+
+    # its constructor reads these fields only (vllm/v1/spec_decode/ngram_proposer.py); the last one-thread
+    proposer = NgramProposer(SimpleNamespace(
+        speculative_config=SimpleNamespace(prompt_lookup_min=1, prompt_lookup_max=8, num_speculative_tokens=BUDGET),
+        model_config=SimpleNamespace(max_model_len=max_len + BUDGET),
+        scheduler_config=SimpleNamespace(max_num_seqs=max(batch, 1024)),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1)))
+    sampled = [[1]] * batch
+
+    def propose(step_lengths):
+        return sum(map(len, proposer.propose(BUDGET, sampled, step_lengths, tokens)))
+
+    results = {}
+    for name, call in (("vllm", kernel), ("vllm_prop", propose)):
+        seconds, drafted = [], []
+        for step_lengths in lengths:
+            evict()
+            start = time.perf_counter()
+            drafted.append(call(step_lengths))
+            seconds.append(time.perf_counter() - start)
+        results[name] = dict(step_s=statistics.median(seconds), per_row_us=1e6 * statistics.median(seconds) / batch,
+                             tokens_per_row=sum(drafted) / (len(drafted) * batch))
+    print(json.dumps(results))
 
 
-def run_vllm(batch: int, lengths: list[list[int]]) -> dict | None:
-    """vLLM's kernel on the rows' whole contexts (prompt + the output each had at that step)."""
+def run_vllm(batch: int, lengths: list[list[int]]) -> dict:
+    """vLLM's kernel and proposer on the rows' whole contexts (prompt + the output each had at that step)."""
     prompts, _, rows = workload(batch)
     tokens = _matrix([prompts[p] + answer for p, answer in rows])
     step_lengths = np.asarray([[PROMPT_LEN + n for n in step] for step in lengths], dtype=np.int32)
     with tempfile.NamedTemporaryFile(suffix=".npz") as f:
         np.savez(f.name, tokens=tokens, lengths=step_lengths)
-        done = subprocess.run([str(VLLM_PYTHON), __file__, "--vllm-child", f.name], capture_output=True, text=True)
+        done = subprocess.run([str(VLLM_PYTHON), __file__, "--vllm-child", f.name, "--evict-mb",
+                               str(sum(b.nbytes for b in _EVICTION) >> 20)], capture_output=True, text=True)
     if done.returncode:
         print(f"vllm: failed ({done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode})")
-        return None
+        return {}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -177,8 +264,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--evict-mb", type=int, default=0,
+                        help="write this many MB before each timed step (0: caches as the last step left them)")
     parser.add_argument("--vllm-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.evict_mb:
+        _EVICTION.append(np.zeros(args.evict_mb << 20, dtype=np.uint8))
     if args.vllm_child:
         return vllm_child(args.vllm_child)
     use_vllm = not args.no_vllm and VLLM_PYTHON.exists()
@@ -192,7 +283,7 @@ def main() -> None:
             if results[method]["drafts"] != results["reference"]["drafts"]:
                 print(f"batch {batch}: {method}'s drafts differ from the reference's")  # the tests hold them equal
         if use_vllm:
-            results["vllm"] = run_vllm(batch, results["compiled"]["lengths"])
+            results.update(run_vllm(batch, results["compiled"]["lengths"]))
         for method, r in results.items():
             if r is None:
                 continue

@@ -10,8 +10,8 @@ rollout tokens/s (wall clock of the step's generate), and the drafter's own time
 a share of the step's wall clock: vLLM calls a custom proposer between forwards, so all of it is on the
 critical path. The drafter is timed by wrapping its ``propose`` inside the engine's worker (a pickled function
 sent by collective_rpc: VLLM_ALLOW_INSECURE_SERIALIZATION is set for this benchmark's engines only).
-``ngram_rl+prefetch`` drafts every outcome of the step being verified in a background thread (the default on
-an accelerator), so ``propose`` only looks its draft up; its row adds the share of lookups that hit. (Its samples
+``ngram_rl+prefetch`` drafts every outcome of the step being verified in a background thread (only with
+``prefetch: true``: docs/vllm.md), so ``propose`` only looks its draft up; its row adds the share of lookups that hit. (Its samples
 are not compared with ``ngram_rl``'s: vLLM's CPU sampling differs between two engines of the same seed even
 without speculation; tests/vllm_engine checks identical greedy outputs and counters instead.)
 
@@ -35,7 +35,7 @@ METHODS = {
     "prompt_lookup": {"method": "prompt_lookup"},
     "suffix": None,
     "ngram_rl": {"method": "ngram_rl"},
-    "ngram_rl+prefetch": {"method": "ngram_rl", "prefetch": True},  # the default on GPU; off on CPU
+    "ngram_rl+prefetch": {"method": "ngram_rl", "prefetch": True},  # only when asked for (proposer.py)
 }
 PROMPTS_PER_STEP = 8
 

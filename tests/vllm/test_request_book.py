@@ -170,8 +170,10 @@ def test_attach_refuses_another_method():
 
 
 @pytest.mark.parametrize("device_type,prefetch,expected", [
-    ("cuda", "auto", True), ("cpu", "auto", False), ("cpu", True, True), ("cuda", False, False)])
-def test_prefetch_runs_where_the_settings_and_the_device_say(device_type, prefetch, expected):
+    ("cuda", "auto", False), ("cpu", "auto", False), ("cpu", True, True), ("cuda", True, True), ("cuda", False, False)])
+def test_prefetch_runs_only_where_the_settings_ask_for_it(device_type, prefetch, expected):
+    # vLLM's route drafts synchronously unless prefetch=true: its one compiled call over the token matrix costs
+    # the critical path less than the prefetcher's lookups (docs/vllm.md)
     proposer = NgramRLProposer(vllm_config_standin(4, MAX_MODEL_LEN, device_type))
     settings = drafter_settings(SpeculationConfig(method="ngram_rl", prefetch=prefetch))
     proposer.attach(RunnerStandIn(InputBatchStandIn(MAX_MODEL_LEN)), settings)
@@ -255,3 +257,32 @@ def test_accepted_tokens_are_counted_by_draft_source():
     sources = engine.proposer.take_metrics().by_source
     assert sources["prompt"][1:] == [4 + 4, 0 + 2]  # two drafts of 4: the first kept 0 (+1), the second 2
     assert engine.proposer.take_metrics().by_source == {}  # counted once
+
+
+def test_rows_a_checkpoint_retired_are_new_requests_after_it():
+    # the server's checkpoint at the end of a batch feeds every request; should vLLM still show the same rows
+    # afterwards, they are new requests (fed again when they finish), not the retired ones' released state
+    engine = Engine()
+    engine.step([("a", P, R[:3]), ("b", P, [10])])
+    engine.proposer.state_dict(all_finished=True)
+    assert engine.cached_responses == 2
+    assert engine.step([("a", P, R[:4]), ("b", P, [10, 11])]) == [[], [12]]
+    engine.step([("c", Q, [9])])
+    assert engine.cached_responses == 4
+
+
+def test_more_requests_than_the_token_store_starts_with_keep_every_output():
+    # 24 requests tracked at once (8 rows a step, the others paused): RequestTokens grows, each response is whole
+    engine = Engine()
+    ids = [f"r{i}" for i in range(24)]
+    for extra in ([], [99]):  # each comes into the batch, pauses, comes back with one more token
+        for start in range(0, 24, 8):
+            engine.step([(r, P, [10 + i, 11 + i, *extra]) for i, r in enumerate(ids) if start <= i < start + 8],
+                        live=ids)
+    engine.step([("c", Q, [9])])
+    reference = Engine()
+    for i in range(24):
+        reference.proposer.book.drafter.observe(prompt_key(P), P, [10 + i, 11 + i, 99])
+    fed, expected = engine.proposer.book.drafter.cache, reference.proposer.book.drafter.cache
+    assert engine.cached_responses == 24
+    assert fed.snapshot(prompt_key(P))[0].tolist() == expected.snapshot(prompt_key(P))[0].tolist()

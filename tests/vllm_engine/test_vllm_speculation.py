@@ -243,7 +243,7 @@ def test_ngram_rl_sampling_matches_sampling_without_speculation(engines, demo_pr
 
 
 def test_prefetch_changes_no_output_and_reports_its_coverage(engines, demo_prompts, all_sources_rounds):
-    # on CPU prefetch is off unless asked for (nothing idle to run it on); here it is on, in its thread. Drafts
+    # on vLLM's route prefetch is off unless asked for (docs/vllm.md); here it is on, in its thread. Drafts
     # must not depend on it, so outputs and counters equal the ngram_rl engine's exactly, round for round.
     llm = engines["ngram_rl_prefetch"]
     rounds, by_source = all_sources_rounds

@@ -60,9 +60,10 @@ class SpeculationConfig:
     draft_from_self: bool = True
     draft_from_global: bool = True
     global_max_tokens: int = 1_000_000
-    # Prepare the next drafts while the device runs verification (prefetch.py). "auto": on when the engine runs
-    # on an accelerator; off on CPU, where the forward runs on the same cores and nothing can overlap it
-    # (benchmarks/ngram_rollout.py measures prefetch against synchronous drafting).
+    # Prepare the next drafts while the device runs verification (prefetch.py). "auto": the HF engine prefetches
+    # when it runs on an accelerator, not on CPU, where the forward runs on the same cores and nothing can
+    # overlap it (benchmarks/ngram_rollout.py measures prefetch against synchronous drafting); vLLM's route
+    # drafts synchronously on every device (verl_ext/vllm/proposer.py says why), true prefetches there too.
     prefetch: bool | Literal["auto"] = "auto"
     # "overlap": draft on the engine's thread while the device runs the verification forward (never competes
     # with it); "thread": in a background thread, which a Python-bound forward feels through the GIL.
@@ -91,7 +92,8 @@ class SpeculationConfig:
 
     def __post_init__(self) -> None:
         if self.prefetch not in (True, False, "auto"):
-            _fail("prefetch", self.prefetch, "use true, false or auto (on with an accelerator, off on CPU).")
+            _fail("prefetch", self.prefetch, "use true, false or auto (the HF engine prefetches on an accelerator, "
+                                             "vLLM's route drafts synchronously).")
         if self.adaptive_plan not in get_args(AdaptivePlan):
             _fail("adaptive_plan", self.adaptive_plan, f"use one of {list(get_args(AdaptivePlan))}.")
         if self.prefetch_worker not in get_args(PrefetchWorker):

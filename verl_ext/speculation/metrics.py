@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Sequence
 
+import numpy as np
+
 _SOURCE_COUNTERS = ("sequence_forwards", "drafted_tokens", "accepted_tokens")
 
 
@@ -55,6 +57,13 @@ class SpecMetrics:
             counts[0] += 1
             counts[1] += int(drafted)
             counts[2] += int(accepted)
+
+    def record_source_tally(self, names: Sequence[str], tally: np.ndarray) -> None:
+        """record_sources summed by source: tally [len(names), 3] rows (forwards, drafted, accepted) by source."""
+        for source in np.flatnonzero(tally[:, 0]).tolist():
+            counts = self.by_source.setdefault(names[source], [0, 0, 0])
+            for i, value in enumerate(tally[source].tolist()):
+                counts[i] += value
 
     @property
     def accepted_tokens_per_forward(self) -> float:

@@ -31,7 +31,10 @@ class NgramRLProposer:
         num_draft_tokens = min(config.num_draft_tokens, self.num_speculative_tokens)
         drafter = build_drafter(config)
         prefetcher = None
-        if config.uses_prefetch(self.device_type):
+        # Only when asked for: here ngram_rl drafts the batch in one compiled call from vLLM's token matrix,
+        # which costs the critical path less than looking the prefetched drafts up does (the outcome tables are
+        # per-request Python; docs/vllm.md has the figures). So "auto" drafts synchronously on every device.
+        if config.prefetch is True:
             # A thread: vLLM offers no hook between launching the forward and waiting for it (the HF engine's
             # "overlap" worker). It takes the GIL whenever the engine's thread releases it, which the engine
             # does while it waits for the device to finish the forward (and inside torch ops on CPU).
@@ -64,7 +67,7 @@ class NgramRLProposer:
         have all finished and go into the history now. Otherwise only the requests vLLM no longer holds do."""
         if self.book is None:
             return None
-        self.book.retire(in_batch=(), live=() if all_finished else self._runner.requests)
+        self.book.retire(live=() if all_finished else self._runner.requests)
         return rpc_safe(self.book.drafter.state_dict())
 
     def load_state_dict(self, state: dict) -> None:

@@ -1,11 +1,12 @@
 """Between vLLM's persistent batch and a verl_ext drafter: rows -> prompts, drafts, finished responses -> history.
 
-Pure Python and numpy: the proposer hands it the InputBatch fields below each step, so CPU tests drive it
-with plain arrays. Per step (one ``propose`` call of vLLM's model runner):
+Python and numpy: the proposer hands it the InputBatch fields below each step, so CPU tests drive it with
+plain arrays. Per step (one ``propose`` call of vLLM's model runner):
 
     1. each row's request is looked up by id (and vLLM's state object, which a resubmitted id does not share);
-       a new one is keyed by ``prompt_key`` of its prompt, and each row's output is brought up to date from
-       the row's new tokens (O(new tokens) a step);
+       a new one is keyed by ``prompt_key`` of its prompt. A step whose rows hold the same requests as the last
+       one's (most steps) skips the lookups. Every row's tokens are brought up to date from the row's new
+       tokens in one compiled call (request_tokens.py, O(new tokens) a step);
     2. every row that sampled this step (an empty ``sampled_token_ids`` row is a prompt still prefilling) gets
        a draft clipped to min(num_draft_tokens, tokens left before max_model_len - 1): from the prefetcher
        where it foresaw the row's outcome, else from the drafter now;
@@ -18,6 +19,11 @@ with plain arrays. Per step (one ``propose`` call of vLLM's model runner):
 
 Each row's draft names its source (ngram_rl's prompt / siblings / self / global); the next step's new tokens
 of the row say how many of it vLLM accepted (all of them but the last), counted by source.
+
+Without a prefetcher, a step's work is arrays over the batch and one compiled drafting call (the drafter's
+``draft_rows``): Python runs per row only to look requests up when the batch changed and to hand vLLM its
+``list[list[int]]``. The prefetcher's tables are per-request Python, so with one the rows also become
+DraftRequests.
 
 So a response feeds drafts from the step after the one that sees it leave (as in verl_ext's HF engine,
 ``speculation/speculator.py``): the prefetcher drafts from the history the next step will see, and drafts do
@@ -33,14 +39,18 @@ ever follow the stop).
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Container, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from verl_ext.speculation import DraftRequest, Drafter, SpecMetrics, prompt_key
-from verl_ext.speculation.drafters.base import Draft, TokenRows, source_of
+from verl_ext.speculation import SpecMetrics, prompt_key
+from verl_ext.speculation.compiled_match import SOURCES
+from verl_ext.speculation.drafters.base import DraftRequest, TokenRows, source_of
+from verl_ext.speculation.drafters.ngram_rl import NgramRLDrafter
 from verl_ext.speculation.prefetch import DraftPrefetcher
+from verl_ext.vllm.request_tokens import RequestTokens
 
 
 @dataclass(frozen=True)
@@ -62,23 +72,23 @@ class _Request:
     seq_id: int
     key: int  # prompt_key(prompt)
     prompt: list[int]  # [prompt_len]
-    output: list[int] = field(default_factory=list)  # [num_generated]
-    verifying: tuple[str, int] | None = None  # (source, length) of the draft handed to vLLM, until it is verified
-
-    def as_draft_request(self) -> DraftRequest:
-        return DraftRequest(self.seq_id, self.key, self.prompt, self.output)
+    slot: int  # its row in RequestBook's RequestTokens
 
 
 class RequestBook:
-    def __init__(self, drafter: Drafter, num_draft_tokens: int, max_model_len: int,
+    def __init__(self, drafter: NgramRLDrafter, num_draft_tokens: int, max_model_len: int,
                  prefetcher: DraftPrefetcher | None = None):
         self.drafter = drafter
         self.num_draft_tokens = num_draft_tokens
         self.max_model_len = max_model_len
         self.prefetcher = prefetcher
         self._requests: dict[str, _Request] = {}  # in the batch, or out of it but live
+        self._tokens = RequestTokens(max_model_len, len(SOURCES))  # drafts' sources index SOURCES
         self._seq_ids = itertools.count()
-        self._last_rows: set[str] = set()  # request ids of the previous step's rows
+        # the last step's rows: their ids, vLLM's state objects, our requests, their slots and prompt keys
+        self._rows: tuple[list[str], list, list[_Request], np.ndarray, np.ndarray] = ([], [], [], *_NO_ROWS)
+        self._rows_current = False  # False: a request of self._rows was retired since (look them up again)
+        self._out_of_batch: set[str] = set()  # tracked, not in the last step's rows (paused)
         self.sources = SpecMetrics()  # by_source only: drafted and accepted tokens by the drafts' sources
 
     def __len__(self) -> int:
@@ -91,83 +101,121 @@ class RequestBook:
         ``live``: the requests vLLM still holds, id -> its state object (``runner.requests``).
         """
         num_rows = len(sampled_token_ids)
-        in_batch = set(rows.req_ids[:num_rows])
-        synced = [self._sync_row(rows, i, live) for i in range(num_rows)]
-        in_flight = [request.as_draft_request() for request in synced]
+        new_batch = self._sync_rows(rows, num_rows, live)
+        _, _, requests, slots, keys = self._rows
+        num_tokens = np.asarray(rows.num_tokens[:num_rows], dtype=np.int64)  # [B]
         batch_rows = np.arange(num_rows)  # the in-flight rows as vLLM holds them: the drafter reads them there
-        in_flight_rows = TokenRows(rows.token_ids, batch_rows, np.asarray(rows.num_tokens[:num_rows], np.int64),
+        self.sources.record_source_tally(SOURCES, self._tokens.catch_up(slots, rows.token_ids, num_tokens))
+        in_flight_rows = TokenRows(rows.token_ids, batch_rows, num_tokens,
                                    np.asarray(rows.num_prompt_tokens[:num_rows], np.int64))
-        if self._last_rows.isdisjoint(in_batch):  # a new batch
-            self._take_in(in_batch, live, in_flight, in_flight_rows)
-        self._last_rows = in_batch
-        to_draft: list[tuple[int, DraftRequest, int]] = []  # (row, request as the drafter sees it, budget)
-        for i, draft_request in enumerate(in_flight):
-            budget = self._budget(rows, i)
-            if sampled_token_ids[i] and budget > 0:  # an empty entry is a prompt still prefilling
-                to_draft.append((i, draft_request, budget))
-        requests, budgets = [r for _, r, _ in to_draft], [b for _, _, b in to_draft]
+        if new_batch:
+            self._take_in(live, keys, in_flight_rows)
+        budgets = np.minimum(self.num_draft_tokens, self.max_model_len - num_tokens - 1)  # [B]
+        sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=num_rows) > 0
+        to_draft = np.flatnonzero(sampled & (budgets > 0))  # an empty sampled entry is a prompt still prefilling
         if self.prefetcher is None:  # ngram_rl drafts the batch in one compiled call from vLLM's token matrix
-            drafted = np.fromiter((i for i, _, _ in to_draft), dtype=np.int64, count=len(to_draft))
-            proposed = self.drafter.propose(requests, budgets, TokenRows(rows.token_ids, drafted,
-                                                                         in_flight_rows.lengths[drafted]))
+            tokens, sizes, sources = self.drafter.draft_rows(keys[to_draft], budgets[to_draft],
+                                                             TokenRows(rows.token_ids, to_draft, num_tokens[to_draft]))
+            self._take_in(live, keys, in_flight_rows)
+            proposed = _draft_lists(tokens, sizes)
         else:
-            proposed = self.prefetcher.collect(requests, budgets)  # also stops the worker before _take_in writes
-        proposed = [Draft([int(t) for t in d[:b]], source_of(d, "ngram_rl")) for d, b in zip(proposed, budgets)]
-        self._take_in(in_batch, live, in_flight, in_flight_rows)
-        if self.prefetcher is not None:
-            self.prefetcher.submit(requests, proposed)
+            draft_requests = [self._draft_request(requests[i]) for i in to_draft.tolist()]
+            proposed, sizes, sources = self._collect(draft_requests, budgets[to_draft].tolist())
+            self._take_in(live, keys, in_flight_rows)
+            self.prefetcher.submit(draft_requests, proposed)
+        self._tokens.handed(slots[to_draft], sources, sizes)
+        if len(proposed) == num_rows:  # every row drafted (most steps)
+            return proposed
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
-        for (i, _, _), draft in zip(to_draft, proposed):
-            synced[i].verifying = (draft.source, len(draft))
-            drafts[i] = list(draft)
+        for i, draft in zip(to_draft.tolist(), proposed):
+            drafts[i] = draft
         return drafts
 
-    def _take_in(self, in_batch: Container[str], live: Container[str], in_flight: Sequence[DraftRequest],
-                 in_flight_rows: TokenRows) -> None:
-        """Hand the drafter the responses that finished and the outputs still growing."""
-        self.retire(in_batch, live)
-        self.drafter.observe_live(in_flight, in_flight_rows)
+    def _sync_rows(self, rows: BatchRows, num_rows: int, live: Mapping[str, object]) -> bool:
+        """Bring self._rows to this step's rows; True if they continue none of the last step's (a new batch)."""
+        ids, handles = rows.req_ids[:num_rows], [live.get(req_id) for req_id in rows.req_ids[:num_rows]]
+        last_ids, last_handles = self._rows[:2]
+        if self._rows_current and ids == last_ids and all(map(operator.is_, handles, last_handles)):
+            return False
+        in_batch = set(ids)
+        new_batch = in_batch.isdisjoint(last_ids)
+        requests = [self._request(rows, i, req_id, handle) for i, (req_id, handle) in enumerate(zip(ids, handles))]
+        slots = np.fromiter((r.slot for r in requests), dtype=np.int64, count=num_rows)
+        keys = np.fromiter((r.key for r in requests), dtype=np.int64, count=num_rows)
+        self._rows, self._rows_current = (list(ids), handles, requests, slots, keys), num_rows > 0
+        self._out_of_batch = {req_id for req_id in self._requests if req_id not in in_batch}
+        return new_batch
 
-    def retire(self, in_batch: Container[str], live: Container[str]) -> None:
-        """Feed the history with every tracked request that is neither in the batch nor live."""
-        for req_id in [r for r in self._requests if r not in in_batch and r not in live]:
+    def _request(self, rows: BatchRows, i: int, req_id: str, handle: object) -> _Request:
+        request = self._requests.get(req_id)
+        if request is not None and request.handle is handle:
+            return request
+        if request is not None:  # the id was finished and resubmitted within one step: a new request
+            self._finish(request)
+        num_prompt = int(rows.num_prompt_tokens[i])
+        prompt = rows.token_ids[i, :num_prompt].tolist()
+        slot = self._tokens.add(num_prompt)
+        request = self._requests[req_id] = _Request(handle, next(self._seq_ids), prompt_key(prompt), prompt, slot)
+        return request
+
+    def _collect(self, requests: list[DraftRequest], budgets: list[int]) -> tuple:
+        """The prefetcher's drafts (foreseen, else drafted now) as (lists, [n] sizes, [n] source indexes)."""
+        collected = self.prefetcher.collect(requests, budgets)
+        proposed = [[int(t) for t in draft[:budget]] for draft, budget in zip(collected, budgets)]
+        # a plain list is the prompt index's outcome table (ngram_rl's other sources name themselves)
+        sources = [SOURCES.index(source_of(draft, "prompt")) for draft in collected]
+        return (proposed, np.fromiter(map(len, proposed), np.int64, len(proposed)),
+                np.asarray(sources, dtype=np.int64))
+
+    def _draft_request(self, request: _Request) -> DraftRequest:
+        return DraftRequest(request.seq_id, request.key, request.prompt, self._tokens.output(request.slot))
+
+    def _take_in(self, live: Container[str], keys: np.ndarray, in_flight_rows: TokenRows) -> None:
+        """Hand the drafter the responses that finished and the outputs still growing."""
+        self.retire(self._out_of_batch, live)
+        self.drafter.observe_live_rows(keys, in_flight_rows)
+
+    def retire(self, candidates: Container[str] | None = None, live: Container[str] = ()) -> None:
+        """Feed the history with every tracked request that is not live among ``candidates`` (default: all)."""
+        leaving = {r for r in (self._requests if candidates is None else candidates)
+                   if r not in live and r in self._requests}
+        if not leaving:
+            return
+        # fed in arrival order (not a set's): the history's order, which drafts depend on, is the same in every run
+        for req_id in [r for r in self._requests if r in leaving]:
             self._finish(self._requests.pop(req_id))
+            if req_id in self._out_of_batch:
+                self._out_of_batch.discard(req_id)
+            else:  # one of the last step's rows: the next step looks its rows up again
+                self._rows_current = False
 
     def _finish(self, request: _Request) -> None:
         if self.prefetcher is not None:
             self.prefetcher.release([request.seq_id])
-        output = _final_output(request)
+        output = _final_output(request.handle, self._tokens.output(request.slot))
+        self._tokens.release(request.slot)
         if output:
             self.drafter.observe(request.key, request.prompt, output)
 
-    def _sync_row(self, rows: BatchRows, i: int, live: Mapping[str, object]) -> _Request:
-        req_id, handle = rows.req_ids[i], live.get(rows.req_ids[i])
-        num_prompt, num_tokens = int(rows.num_prompt_tokens[i]), int(rows.num_tokens[i])
-        request = self._requests.get(req_id)
-        if request is None or request.handle is not handle:
-            if request is not None:  # the id was finished and resubmitted within one step: a new request
-                self._finish(request)
-            prompt = rows.token_ids[i, :num_prompt].tolist()
-            request = self._requests[req_id] = _Request(handle, next(self._seq_ids), prompt_key(prompt), prompt)
-        new = rows.token_ids[i, num_prompt + len(request.output):num_tokens].tolist()
-        if new and request.verifying is not None:  # the previous step verified this request's draft
-            source, drafted = request.verifying
-            self.sources.record_sources([source], [drafted], [min(drafted, len(new) - 1)])
-            request.verifying = None
-        request.output.extend(new)
-        return request
 
-    def _budget(self, rows: BatchRows, i: int) -> int:
-        return min(self.num_draft_tokens, self.max_model_len - int(rows.num_tokens[i]) - 1)
+_NO_ROWS = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
 
-def _final_output(request: _Request) -> list[int]:
+def _draft_lists(tokens: np.ndarray, sizes: np.ndarray) -> list[list[int]]:
+    """Row b's first sizes[b] tokens as a list, for each row: what vLLM takes from a proposer. One conversion of
+    just the drafted tokens, then a slice a row."""
+    drafted = tokens[np.arange(tokens.shape[1]) < sizes[:, None]].tolist()
+    ends = np.cumsum(sizes).tolist()
+    return [drafted[start:end] for start, end in zip([0, *ends[:-1]], ends)]
+
+
+def _final_output(handle: object, tracked: list[int]) -> list[int]:
     """The whole response. In a step where vLLM skips ``propose`` the rows' new tokens go unread (vLLM 0.24.0's
     ``_input_fits_in_drafter`` skips it near max_model_len unless the proposer lifts that bound, as
-    ``verl_ext.compat.vllm.lift_drafter_length_bound`` does), so a request finishing then was tracked only up to the step
-    before. vLLM's own state object keeps every sampled token (``CachedRequestState.output_token_ids``, extended
-    in ``_bookkeeping_sync``): take it when it extends ours."""
-    final = getattr(request.handle, "output_token_ids", None)
-    if final is None or len(final) <= len(request.output) or list(final[: len(request.output)]) != request.output:
-        return request.output
+    ``verl_ext.compat.vllm.lift_drafter_length_bound`` does), so a request finishing then was tracked only up to
+    the step before. vLLM's own state object keeps every sampled token (``CachedRequestState.output_token_ids``,
+    extended in ``_bookkeeping_sync``): take it when it extends ours."""
+    final = getattr(handle, "output_token_ids", None)
+    if final is None or len(final) <= len(tracked) or list(final[: len(tracked)]) != tracked:
+        return tracked
     return [int(t) for t in final]

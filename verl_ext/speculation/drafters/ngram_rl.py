@@ -66,6 +66,16 @@ def _tails(requests: Sequence[DraftRequest], n: int) -> tuple[np.ndarray, np.nda
     return tokens, np.fromiter(map(len, tails), dtype=np.int64, count=len(tails))
 
 
+def _prompt_keys(requests: Sequence[DraftRequest]) -> np.ndarray:
+    return np.fromiter((r.prompt_key for r in requests), dtype=np.int64, count=len(requests))
+
+
+def _draft_buffers(count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens [B, MAX_DRAFT_TOKENS], lengths [B], sources [B]) for compiled_match.batch_drafts to fill."""
+    return (np.empty((count, MAX_DRAFT_TOKENS), dtype=np.int32), np.zeros(count, dtype=np.int64),
+            np.zeros(count, dtype=np.int8))
+
+
 class _NoHistory(OutcomeDrafts):
     """Nothing cached for the prompt and no fallback: every outcome's draft is empty."""
 
@@ -129,39 +139,50 @@ class NgramRLDrafter(Drafter):
                      rows: TokenRows | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`propose`'s drafts as arrays: ([B, MAX_DRAFT_TOKENS] int32 tokens, [B] lengths, [B] indexes into
         compiled_match.SOURCES), in one compiled call over the batch when the rows' tokens come as a matrix."""
+        keys = _prompt_keys(requests)
+        if rows is not None:
+            return self.draft_rows(keys, budgets, rows)
         count = len(requests)
         budgets = np.asarray(budgets, dtype=np.int64)  # [B]
-        slots, live_spans, prompt_arena, live = self._row_sources(requests)
-        out = (np.empty((count, MAX_DRAFT_TOKENS), dtype=np.int32), np.zeros(count, dtype=np.int64),
-               np.zeros(count, dtype=np.int8))
-
-        def run(batch_rows, tokens, token_rows, lengths, use_prompt, use_fallback, use_self):
-            compiled_match.batch_drafts(batch_rows, tokens, token_rows, lengths, budgets, slots, prompt_arena, live,
-                                        live_spans, use_self, self._global_arrays(), self.min_n, self.max_n,
-                                        max(self.min_n, _FALLBACK_MIN_MATCH), use_prompt, use_fallback, *out)
-
+        out = _draft_buffers(count)
         everyone = np.arange(count, dtype=np.int64)
-        if rows is not None:
-            run(everyone, rows.token_ids, rows.rows, rows.lengths, True, True, self.draft_from_self)
-            return out
         # Without a token matrix the context tails serve every source but self, which reads the whole context:
         # that is built only for the rows the prompt's index leaves without a draft.
         tails, lengths = _tails(requests, self.max_n)
-        run(everyone, tails, everyone, lengths, True, not self.draft_from_self, False)
+        sources = self._row_sources(keys)
+        self._run_kernel(everyone, tails, everyone, lengths, budgets, sources, out, True, not self.draft_from_self,
+                         False)
         if self.draft_from_self:
             again = np.flatnonzero((out[1] == 0) & (budgets > 0) & (lengths > 0))
             if len(again):
                 contexts, context_rows, context_lengths = self._contexts(requests, again)
-                run(again, contexts, context_rows, context_lengths, False, True, True)
+                self._run_kernel(again, contexts, context_rows, context_lengths, budgets, sources, out, False, True,
+                                 True)
         return out
 
-    def _row_sources(self, requests: Sequence[DraftRequest]) -> tuple:
+    def draft_rows(self, prompt_keys: np.ndarray, budgets: Sequence[int] | np.ndarray,
+                   rows: TokenRows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """draft_arrays for rows known by their prompt keys ([B] int64) and read from a token matrix (vLLM's
+        route): no DraftRequest is built, and the batch is one compiled call."""
+        budgets = np.asarray(budgets, dtype=np.int64)  # [B]
+        out = _draft_buffers(len(budgets))
+        everyone = np.arange(len(budgets), dtype=np.int64)
+        self._run_kernel(everyone, rows.token_ids, rows.rows, rows.lengths, budgets, self._row_sources(prompt_keys),
+                         out, True, True, self.draft_from_self)
+        return out
+
+    def _run_kernel(self, batch_rows, tokens, token_rows, lengths, budgets, sources, out, use_prompt, use_fallback,
+                    use_self) -> None:
+        slots, live_spans, prompt_arena, live = sources
+        compiled_match.batch_drafts(batch_rows, tokens, token_rows, lengths, budgets, slots, prompt_arena, live,
+                                    live_spans, use_self, self._global_arrays(), self.min_n, self.max_n,
+                                    max(self.min_n, _FALLBACK_MIN_MATCH), use_prompt, use_fallback, *out)
+
+    def _row_sources(self, prompt_keys: np.ndarray) -> tuple:
         """(slots [B], live spans [B, 2], the prompt arena's view, the live arena) for compiled_match.batch_drafts:
         one index lookup per prompt (a GRPO group's rows share it), under one lock."""
-        prompt_of: dict[int, int] = {}  # prompt key -> its place in `keys`
-        row_prompt = np.fromiter((prompt_of.setdefault(r.prompt_key, len(prompt_of)) for r in requests),
-                                 dtype=np.int64, count=len(requests))  # [B]
-        keys = list(prompt_of)
+        unique, row_prompt = np.unique(prompt_keys, return_inverse=True)  # [P] keys, [B] each row's among them
+        keys = unique.tolist()
         slots, prompt_arena = self._current_slots(keys)
         stale = [key for key, slot in zip(keys, slots) if slot < 0 and self.cache.version(key)]
         if stale:  # build outside the lock, then look once more
@@ -311,9 +332,15 @@ class NgramRLDrafter(Drafter):
         if self.live is None:
             return
         if rows is not None and rows.prompt_lengths is not None:  # laid out from the matrix, in compiled code
-            self.live.take_rows(np.fromiter((r.prompt_key for r in requests), np.int64, len(requests)), rows)
+            self.observe_live_rows(_prompt_keys(requests), rows)
         else:
             self.live.update(requests)
+
+    def observe_live_rows(self, prompt_keys: np.ndarray, rows: TokenRows) -> None:
+        """observe_live for rows known by their prompt keys ([B] int64), read from a token matrix (with prompt
+        lengths)."""
+        if self.live is not None:
+            self.live.take_rows(prompt_keys, rows)
 
     def version(self, prompt_key: int) -> tuple[int, int, int]:
         live = 0 if self.live is None else self.live.version(prompt_key)

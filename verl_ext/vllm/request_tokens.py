@@ -1,0 +1,84 @@
+"""Every tracked request's prompt and output as of its last step, a row each, and the draft handed to vLLM for it:
+what RequestBook feeds the history when a request finishes (after vLLM has given its InputBatch row to another
+request), and what the next step counts as verified.
+
+A step is one compiled call over the batch (`catch_up`), O(new tokens) a step; Python touches a request only
+when it joins or leaves. Memory: max_model_len int32 per request tracked (in the batch, or out of it but live),
+as vLLM's own InputBatch holds for each row; rows are allocated as requests arrive, doubling.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+NOT_VERIFYING = -1  # draft_lengths of a request with no draft under verification
+
+
+@njit(nogil=True, cache=True)
+def _catch_up(tokens, lengths, draft_sources, draft_lengths, slots, token_ids, num_tokens, tally):
+    """For each row b, request slots[b] at row b of token_ids: a row with new tokens had its draft verified, all
+    of it but the last new token accepted (tally[source] += 1, drafted, accepted); then its new tokens are copied."""
+    for b in range(len(slots)):
+        slot = slots[b]
+        new = num_tokens[b] - lengths[slot]
+        if new <= 0:
+            continue
+        drafted = draft_lengths[slot]
+        if drafted != NOT_VERIFYING:
+            source = draft_sources[slot]
+            tally[source, 0] += 1
+            tally[source, 1] += drafted
+            tally[source, 2] += min(drafted, new - 1)
+            draft_lengths[slot] = NOT_VERIFYING
+        tokens[slot, lengths[slot]: num_tokens[b]] = token_ids[b, lengths[slot]: num_tokens[b]]
+        lengths[slot] = num_tokens[b]
+
+
+class RequestTokens:
+    def __init__(self, max_model_len: int, num_sources: int, capacity: int = 16):
+        self.tokens = np.zeros((capacity, max_model_len), dtype=np.int32)  # [capacity, max_model_len]
+        self.lengths = np.zeros(capacity, dtype=np.int64)  # [capacity] tokens held (prompt + output)
+        self.prompt_lengths = np.zeros(capacity, dtype=np.int64)  # [capacity]
+        # the draft handed to vLLM for the request, until the next step verifies it: its source and length
+        self.draft_sources = np.zeros(capacity, dtype=np.int64)  # [capacity]
+        self.draft_lengths = np.full(capacity, NOT_VERIFYING, dtype=np.int64)  # [capacity]
+        self.num_sources = num_sources
+        self._free = list(range(capacity - 1, -1, -1))  # popped from the end: lowest slot first
+
+    def add(self, prompt_length: int) -> int:
+        """A slot for a new request of that prompt length, empty until its first catch_up."""
+        if not self._free:
+            self._grow()
+        slot = self._free.pop()
+        self.lengths[slot], self.prompt_lengths[slot] = 0, prompt_length
+        self.draft_lengths[slot] = NOT_VERIFYING
+        return slot
+
+    def release(self, slot: int) -> None:
+        self._free.append(slot)
+
+    def catch_up(self, slots: np.ndarray, token_ids: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
+        """Request slots[b] now holds the first num_tokens[b] tokens of token_ids' row b. Returns [num_sources, 3]
+        (drafts, drafted tokens, accepted tokens) by source of the drafts this step verified."""
+        tally = np.zeros((self.num_sources, 3), dtype=np.int64)
+        _catch_up(self.tokens, self.lengths, self.draft_sources, self.draft_lengths, slots, token_ids, num_tokens,
+                  tally)
+        return tally
+
+    def handed(self, slots: np.ndarray, sources: np.ndarray, lengths: np.ndarray) -> None:
+        """The drafts handed to vLLM this step for those requests: verified by the next step that sees them grow."""
+        self.draft_sources[slots] = sources
+        self.draft_lengths[slots] = lengths
+
+    def output(self, slot: int) -> list[int]:
+        return self.tokens[slot, self.prompt_lengths[slot]: self.lengths[slot]].tolist()
+
+    def _grow(self) -> None:
+        capacity = len(self.lengths)
+        self.tokens = np.concatenate((self.tokens, np.zeros_like(self.tokens)))
+        self.lengths = np.concatenate((self.lengths, np.zeros_like(self.lengths)))
+        self.prompt_lengths = np.concatenate((self.prompt_lengths, np.zeros_like(self.prompt_lengths)))
+        self.draft_sources = np.concatenate((self.draft_sources, np.zeros_like(self.draft_sources)))
+        self.draft_lengths = np.concatenate((self.draft_lengths, np.full_like(self.draft_lengths, NOT_VERIFYING)))
+        self._free.extend(range(2 * capacity - 1, capacity - 1, -1))
