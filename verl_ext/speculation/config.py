@@ -149,7 +149,8 @@ class SpeculationConfig:
         return dataclasses.replace(self, verify_cost_table=table, adaptive=self.adaptive and table is not None)
 
     def uses_prefetch(self, device_type: str = "cpu") -> bool:
-        """Whether the engine, running on `device_type`, prefetches drafts (prefetch.py)."""
+        """Whether the HF engine, running on `device_type`, prefetches drafts (prefetch.py); vLLM's route
+        prefetches only when `prefetch` is true (verl_ext/vllm/proposer.py)."""
         if self.method == "none" or self.prefetch is False:
             return False
         return self.prefetch is True or device_type != "cpu"
