@@ -48,7 +48,7 @@ import numpy as np
 from verl_ext.speculation import SpecMetrics, prompt_key
 from verl_ext.speculation.compiled_match import SOURCES
 from verl_ext.speculation.drafters.base import DraftRequest, TokenRows, source_of
-from verl_ext.speculation.drafters.ngram_rl import NgramRLDrafter
+from verl_ext.speculation.drafters.ngram_rl import NgramRLDrafter, distinct_prompts
 from verl_ext.speculation.prefetch import DraftPrefetcher
 from verl_ext.vllm.request_tokens import RequestTokens
 
@@ -85,8 +85,10 @@ class RequestBook:
         self._requests: dict[str, _Request] = {}  # in the batch, or out of it but live
         self._tokens = RequestTokens(max_model_len, len(SOURCES))  # drafts' sources index SOURCES
         self._seq_ids = itertools.count()
-        # the last step's rows: their ids, vLLM's state objects, our requests, their slots and prompt keys
-        self._rows: tuple[list[str], list, list[_Request], np.ndarray, np.ndarray] = ([], [], [], *_NO_ROWS)
+        # the last step's rows: their ids, vLLM's state objects, our requests, their slots and prompt keys, and
+        # their distinct prompts (the drafter's distinct_prompts of the keys)
+        self._rows: tuple[list[str], list, list[_Request], np.ndarray, np.ndarray, tuple] = (
+            [], [], [], *_NO_ROWS, ([], _NO_ROWS[0]))
         self._rows_current = False  # False: a request of self._rows was retired since (look them up again)
         self._out_of_batch: set[str] = set()  # tracked, not in the last step's rows (paused)
         self.sources = SpecMetrics()  # by_source only: drafted and accepted tokens by the drafts' sources
@@ -102,7 +104,7 @@ class RequestBook:
         """
         num_rows = len(sampled_token_ids)
         new_batch = self._sync_rows(rows, num_rows, live)
-        _, _, requests, slots, keys = self._rows
+        _, _, requests, slots, keys, prompts = self._rows
         num_tokens = np.asarray(rows.num_tokens[:num_rows], dtype=np.int64)  # [B]
         batch_rows = np.arange(num_rows)  # the in-flight rows as vLLM holds them: the drafter reads them there
         self.sources.record_source_tally(SOURCES, self._tokens.catch_up(slots, rows.token_ids, num_tokens))
@@ -114,8 +116,9 @@ class RequestBook:
         sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=num_rows) > 0
         to_draft = np.flatnonzero(sampled & (budgets > 0))  # an empty sampled entry is a prompt still prefilling
         if self.prefetcher is None:  # ngram_rl drafts the batch in one compiled call from vLLM's token matrix
-            tokens, sizes, sources = self.drafter.draft_rows(keys[to_draft], budgets[to_draft],
-                                                             TokenRows(rows.token_ids, to_draft, num_tokens[to_draft]))
+            tokens, sizes, sources = self.drafter.draft_rows(
+                keys[to_draft], budgets[to_draft], TokenRows(rows.token_ids, to_draft, num_tokens[to_draft]),
+                prompts if len(to_draft) == num_rows else None)  # most steps every row drafts
             self._take_in(live, keys, in_flight_rows)
             proposed = _draft_lists(tokens, sizes)
         else:
@@ -142,7 +145,8 @@ class RequestBook:
         requests = [self._request(rows, i, req_id, handle) for i, (req_id, handle) in enumerate(zip(ids, handles))]
         slots = np.fromiter((r.slot for r in requests), dtype=np.int64, count=num_rows)
         keys = np.fromiter((r.key for r in requests), dtype=np.int64, count=num_rows)
-        self._rows, self._rows_current = (list(ids), handles, requests, slots, keys), num_rows > 0
+        self._rows = (list(ids), handles, requests, slots, keys, distinct_prompts(keys))
+        self._rows_current = num_rows > 0
         self._out_of_batch = {req_id for req_id in self._requests if req_id not in in_batch}
         return new_batch
 

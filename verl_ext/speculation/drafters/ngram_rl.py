@@ -70,6 +70,12 @@ def _prompt_keys(requests: Sequence[DraftRequest]) -> np.ndarray:
     return np.fromiter((r.prompt_key for r in requests), dtype=np.int64, count=len(requests))
 
 
+def distinct_prompts(prompt_keys: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """(the distinct keys, [B] each row's place among them): what a batch's rows look up once per prompt."""
+    unique, row_prompt = np.unique(prompt_keys, return_inverse=True)
+    return unique.tolist(), row_prompt
+
+
 def _draft_buffers(count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(tokens [B, MAX_DRAFT_TOKENS], lengths [B], sources [B]) for compiled_match.batch_drafts to fill."""
     return (np.empty((count, MAX_DRAFT_TOKENS), dtype=np.int32), np.zeros(count, dtype=np.int64),
@@ -160,15 +166,16 @@ class NgramRLDrafter(Drafter):
                                  True)
         return out
 
-    def draft_rows(self, prompt_keys: np.ndarray, budgets: Sequence[int] | np.ndarray,
-                   rows: TokenRows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def draft_rows(self, prompt_keys: np.ndarray, budgets: Sequence[int] | np.ndarray, rows: TokenRows,
+                   prompts: tuple[list[int], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """draft_arrays for rows known by their prompt keys ([B] int64) and read from a token matrix (vLLM's
-        route): no DraftRequest is built, and the batch is one compiled call."""
+        route): no DraftRequest is built, and the batch is one compiled call. prompts: distinct_prompts(prompt_keys)
+        where the caller keeps it from step to step."""
         budgets = np.asarray(budgets, dtype=np.int64)  # [B]
         out = _draft_buffers(len(budgets))
         everyone = np.arange(len(budgets), dtype=np.int64)
-        self._run_kernel(everyone, rows.token_ids, rows.rows, rows.lengths, budgets, self._row_sources(prompt_keys),
-                         out, True, True, self.draft_from_self)
+        self._run_kernel(everyone, rows.token_ids, rows.rows, rows.lengths, budgets,
+                         self._row_sources(prompt_keys, prompts), out, True, True, self.draft_from_self)
         return out
 
     def _run_kernel(self, batch_rows, tokens, token_rows, lengths, budgets, sources, out, use_prompt, use_fallback,
@@ -178,11 +185,10 @@ class NgramRLDrafter(Drafter):
                                     live_spans, use_self, self._global_arrays(), self.min_n, self.max_n,
                                     max(self.min_n, _FALLBACK_MIN_MATCH), use_prompt, use_fallback, *out)
 
-    def _row_sources(self, prompt_keys: np.ndarray) -> tuple:
+    def _row_sources(self, prompt_keys: np.ndarray, prompts: tuple[list[int], np.ndarray] | None = None) -> tuple:
         """(slots [B], live spans [B, 2], the prompt arena's view, the live arena) for compiled_match.batch_drafts:
         one index lookup per prompt (a GRPO group's rows share it), under one lock."""
-        unique, row_prompt = np.unique(prompt_keys, return_inverse=True)  # [P] keys, [B] each row's among them
-        keys = unique.tolist()
+        keys, row_prompt = distinct_prompts(prompt_keys) if prompts is None else prompts
         slots, prompt_arena = self._current_slots(keys)
         stale = [key for key, slot in zip(keys, slots) if slot < 0 and self.cache.version(key)]
         if stale:  # build outside the lock, then look once more
