@@ -25,6 +25,10 @@ Without a prefetcher, a step's work is arrays over the batch and one compiled dr
 ``list[list[int]]``. The prefetcher's tables are per-request Python, so with one the rows also become
 DraftRequests.
 
+Threads: the book and its RequestTokens belong to the thread that calls vLLM's ``propose`` (the model runner's)
+and take no lock. With a prefetcher, its thread reads the drafter (under the drafter's own locks) and
+DraftRequests whose outputs are copies, never the book.
+
 So a response feeds drafts from the step after the one that sees it leave (as in verl_ext's HF engine,
 ``speculation/speculator.py``): the prefetcher drafts from the history the next step will see, and drafts do
 not depend on whether it is on. A step that continues none of the previous step's requests (a new batch)
@@ -42,6 +46,7 @@ import itertools
 import operator
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -75,6 +80,21 @@ class _Request:
     slot: int  # its row in RequestBook's RequestTokens
 
 
+class _Rows(NamedTuple):
+    """The last step's rows, and what is derived from them once per change of the rows, not every step."""
+
+    ids: list[str]  # [B] request ids
+    handles: list  # [B] vLLM's state objects
+    requests: list[_Request]  # [B]
+    slots: np.ndarray  # [B] int64 their rows in RequestTokens
+    keys: np.ndarray  # [B] int64 their prompt keys
+    prompts: tuple[list[int], np.ndarray]  # distinct_prompts(keys)
+
+
+_NO_ROWS = _Rows([], [], [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                 ([], np.zeros(0, dtype=np.int64)))
+
+
 class RequestBook:
     def __init__(self, drafter: NgramRLDrafter, num_draft_tokens: int, max_model_len: int,
                  prefetcher: DraftPrefetcher | None = None):
@@ -85,10 +105,7 @@ class RequestBook:
         self._requests: dict[str, _Request] = {}  # in the batch, or out of it but live
         self._tokens = RequestTokens(max_model_len, len(SOURCES))  # drafts' sources index SOURCES
         self._seq_ids = itertools.count()
-        # the last step's rows: their ids, vLLM's state objects, our requests, their slots and prompt keys, and
-        # their distinct prompts (the drafter's distinct_prompts of the keys)
-        self._rows: tuple[list[str], list, list[_Request], np.ndarray, np.ndarray, tuple] = (
-            [], [], [], *_NO_ROWS, ([], _NO_ROWS[0]))
+        self._rows = _NO_ROWS
         self._rows_current = False  # False: a request of self._rows was retired since (look them up again)
         self._out_of_batch: set[str] = set()  # tracked, not in the last step's rows (paused)
         self.sources = SpecMetrics()  # by_source only: drafted and accepted tokens by the drafts' sources
@@ -104,7 +121,7 @@ class RequestBook:
         """
         num_rows = len(sampled_token_ids)
         new_batch = self._sync_rows(rows, num_rows, live)
-        _, _, requests, slots, keys, prompts = self._rows
+        requests, slots, keys = self._rows.requests, self._rows.slots, self._rows.keys
         num_tokens = np.asarray(rows.num_tokens[:num_rows], dtype=np.int64)  # [B]
         batch_rows = np.arange(num_rows)  # the in-flight rows as vLLM holds them: the drafter reads them there
         self.sources.record_source_tally(SOURCES, self._tokens.catch_up(slots, rows.token_ids, num_tokens))
@@ -118,7 +135,7 @@ class RequestBook:
         if self.prefetcher is None:  # ngram_rl drafts the batch in one compiled call from vLLM's token matrix
             tokens, sizes, sources = self.drafter.draft_rows(
                 keys[to_draft], budgets[to_draft], TokenRows(rows.token_ids, to_draft, num_tokens[to_draft]),
-                prompts if len(to_draft) == num_rows else None)  # most steps every row drafts
+                self._rows.prompts if len(to_draft) == num_rows else None)  # most steps every row drafts
             self._take_in(live, keys, in_flight_rows)
             proposed = _draft_lists(tokens, sizes)
         else:
@@ -137,15 +154,15 @@ class RequestBook:
     def _sync_rows(self, rows: BatchRows, num_rows: int, live: Mapping[str, object]) -> bool:
         """Bring self._rows to this step's rows; True if they continue none of the last step's (a new batch)."""
         ids, handles = rows.req_ids[:num_rows], [live.get(req_id) for req_id in rows.req_ids[:num_rows]]
-        last_ids, last_handles = self._rows[:2]
-        if self._rows_current and ids == last_ids and all(map(operator.is_, handles, last_handles)):
+        last = self._rows
+        if self._rows_current and ids == last.ids and all(map(operator.is_, handles, last.handles)):
             return False
         in_batch = set(ids)
-        new_batch = in_batch.isdisjoint(last_ids)
+        new_batch = in_batch.isdisjoint(last.ids)
         requests = [self._request(rows, i, req_id, handle) for i, (req_id, handle) in enumerate(zip(ids, handles))]
         slots = np.fromiter((r.slot for r in requests), dtype=np.int64, count=num_rows)
         keys = np.fromiter((r.key for r in requests), dtype=np.int64, count=num_rows)
-        self._rows = (list(ids), handles, requests, slots, keys, distinct_prompts(keys))
+        self._rows = _Rows(list(ids), handles, requests, slots, keys, distinct_prompts(keys))
         self._rows_current = num_rows > 0
         self._out_of_batch = {req_id for req_id in self._requests if req_id not in in_batch}
         return new_batch
@@ -200,9 +217,6 @@ class RequestBook:
         self._tokens.release(request.slot)
         if output:
             self.drafter.observe(request.key, request.prompt, output)
-
-
-_NO_ROWS = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
 
 def _draft_lists(tokens: np.ndarray, sizes: np.ndarray) -> list[list[int]]:

@@ -5,6 +5,9 @@ request), and what the next step counts as verified.
 A step is one compiled call over the batch (`catch_up`), O(new tokens) a step; Python touches a request only
 when it joins or leaves. Memory: max_model_len int32 per request tracked (in the batch, or out of it but live),
 as vLLM's own InputBatch holds for each row; rows are allocated as requests arrive, doubling.
+
+Owned by one RequestBook and used only on the thread that calls vLLM's ``propose`` (the model runner's); no lock.
+The prefetch thread never reads it: it gets DraftRequests whose outputs are copies (``output`` makes a list).
 """
 
 from __future__ import annotations
