@@ -19,6 +19,27 @@ def test_batch_follows_the_dataloader_not_rollout_completion():
     assert batch.keys == ["u1_0_0", "u2_0_0", "u2_0_1", "u1_1_0", "u2_1_0"]
 
 
+def test_given_responses_a_groups_rollouts_follow_what_they_answered():
+    # under full_determinism the k-th request to arrive draws the k-th seed: two runs give a group the same
+    # responses under different rollout numbers, and ordered by response they line up alike
+    def sorted_keys(answers: dict[str, bytes]) -> tuple[list[str], list[bytes]]:
+        order = SubmissionOrder()
+        order.record(["u1", "u2"])
+        keys = list(answers)
+        batch = KVBatchMeta(keys=keys, tags=[{} for _ in keys], partition_id="train")
+        order.sort(batch, [answers[key] for key in keys])
+        return batch.keys, [answers[key] for key in batch.keys]
+
+    run_a = {"u2_0_0": b"c", "u1_0_0": b"b", "u1_1_0": b"a", "u1_2_0": b"b", "u2_1_0": b"a"}
+    run_b = {"u1_0_0": b"a", "u1_1_0": b"b", "u1_2_0": b"b", "u2_0_0": b"a", "u2_1_0": b"c"}
+    (keys_a, answers_a), (keys_b, answers_b) = sorted_keys(run_a), sorted_keys(run_b)
+    assert answers_a == answers_b == [b"a", b"b", b"b", b"a", b"c"]  # by prompt, then by response
+    assert keys_a[1:3] == ["u1_0_0", "u1_2_0"] and keys_b[1:3] == ["u1_1_0", "u1_2_0"]  # equal answers: by number
+    # a multi-turn rollout's outputs stay together, in output order, placed by their responses in that order
+    multi = {"u1_0_0": b"b", "u1_0_1": b"a", "u1_1_0": b"a", "u1_1_1": b"z"}
+    assert sorted_keys(multi)[0] == ["u1_1_0", "u1_1_1", "u1_0_0", "u1_0_1"]
+
+
 def test_unknown_uids_go_last_in_key_order():
     # verl's padding samples (uid "pad...") were never submitted: after every real sample, stably ordered
     order = SubmissionOrder()

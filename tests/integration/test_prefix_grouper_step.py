@@ -4,7 +4,8 @@ micro-batches of 4 samples: every group of 8 spans two, and with the flag on its
 The "on" side is step 1 of the learning run (tests/integration/conftest.py: demo_cpu, which turns the flag on,
 checkpointed every step); the "off" side is the same command for one step with the flag off, run beside it. Same seed, same
 rollouts (full_determinism seeds every rollout request from its stable id, and verl_ext's trainer puts the
-batch in submission order), fp32 actor and reference. Then the flag changes only how the actor's three passes
+batch in submission order and a group's rollouts in the order of their responses, which arrival order does not
+change), fp32 actor and reference. Then the flag changes only how the actor's three passes
 are computed, so pg_loss and grad_norm must agree to fp32 rounding (relative 1e-5) and so must the weights
 after the update. AdamW's first step is lr * g / (|g| + eps): an element whose gradient is within rounding of
 0 turns fp32 rounding of g into a visible change of its step (measured: 2 of 93,696 embedding weights at 6% of
@@ -33,8 +34,8 @@ def _step_1(out: Path) -> tuple[dict, dict]:
 def test_one_grpo_step_equal_with_and_without_prefix_grouper(learning_runs, demo_data_dir):
     (off, w_off), (on, w_on) = _step_1(learning_runs.prefix_grouper_off), _step_1(learning_runs.on)
     assert on["response_length/mean"] == off["response_length/mean"]  # the same rollouts
-    # the same responses per group; which sample of a group draws which seed follows arrival order, so the batch
-    # order within a group, and the last bits of its float sums, may differ
+    # the same responses per group, in the same order (which rollout draws which seed follows arrival order, and
+    # the trainer orders a group by its responses: trainer/batch_order.py)
     assert on["critic/score/mean"] == pytest.approx(off["critic/score/mean"], rel=1e-6)
     assert off["actor/grad_norm"] > 0 and off["actor/pg_loss"] != 0  # not a vacuous comparison
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/entropy_loss", "actor/kl_loss"):

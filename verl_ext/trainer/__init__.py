@@ -20,7 +20,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl_ext.compat.verl import SyncTrainerMode, TrainerHooks, data_parallel_size
 from verl_ext.settings import Settings, read_settings
 from verl_ext.trainer import speculation_checkpoint
-from verl_ext.trainer.batch_order import SubmissionOrder
+from verl_ext.trainer.batch_order import SubmissionOrder, response_bytes
 from verl_ext.trainer.group_balance import check_mini_batches, place_whole_groups, update_mini_batches
 from verl_ext.trainer.rollout_metrics import rollout_metrics
 from verl_ext.trainer.rollout_servers import dead_server_named, verl_ext_servers
@@ -74,7 +74,9 @@ class VerlExtTrainer(SyncTrainerMode, TrainerHooks, PPOTrainerSync):
         return batch
 
     def balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
-        self.submission_order.sort(batch)
+        # under full_determinism a group's order also follows its responses (trainer/batch_order.py says why)
+        responses = response_bytes(batch) if self.settings.rollout.full_determinism else None
+        self.submission_order.sort(batch, responses)
         batch = super().balance_batch(batch, metrics, logging_prefix, keep_minibatch)
         if self.settings.prefix_grouper.enabled:
             dp_size = data_parallel_size(self.actor_rollout_wg, "actor")
