@@ -5,8 +5,11 @@ an n-gram, against a scan of the live segments)."""
 import random
 
 import numpy as np
+from verl_ext_testing import PROMPT_ONLY
 
-from verl_ext.speculation import run_directory
+from verl_ext.speculation import DraftRequest, SpeculationConfig, build_drafter, prompt_key, run_directory
+from verl_ext.speculation.drafters import ngram_rl
+from verl_ext.speculation.drafters.base import TokenRows
 from verl_ext.speculation.global_history import GlobalHistory
 from verl_ext.speculation.prompt_arena import PromptArena
 
@@ -107,6 +110,28 @@ def test_the_chain_check_rejects_a_bucket_neighbour():
     assert history.candidates([3, 4]).tolist() == [4]
     assert history.candidates([4, 1]).tolist() == [5]
     assert history.candidates([2, 1]).tolist() == []
+
+
+def test_kept_index_lookup_reads_its_own_view_after_other_indexes_replace_it(monkeypatch):
+    # vLLM's route keeps a batch's index lookup while its rows and the history stay the same; meanwhile another
+    # caller (the prefetch thread) may build indexes that push this one out and take over the arena's slots
+    monkeypatch.setattr(ngram_rl, "_MAX_INDEXES", 1)
+    drafter = build_drafter(SpeculationConfig(method="ngram_rl", **PROMPT_ONLY))
+    prompts = {name: [i, i + 1, i + 2] for i, name in ((1, "P"), (4, "Q"), (7, "S"))}
+    for name, answer in (("P", [10, 11, 12, 13, 14]), ("Q", [10, 11, 20, 21, 22]), ("S", [10, 11, 30, 31, 32])):
+        drafter.observe(prompt_key(prompts[name]), prompts[name], answer)
+    keys = np.asarray([prompt_key(prompts["P"])], dtype=np.int64)
+    kept = ngram_rl.distinct_prompts(keys)  # the caller's, the same object step after step
+    rows = TokenRows(np.asarray([[*prompts["P"], 10, 11]], dtype=np.int32), np.arange(1), np.asarray([5]))
+
+    def draft_p() -> list[int]:
+        tokens, sizes, _ = drafter.draft_rows(keys, [4], rows, kept)
+        return tokens[0, : sizes[0]].tolist()
+
+    assert draft_p() == [12, 13, 14]
+    for other in ("Q", "S"):  # each drops the index before it; S reuses P's slot in the arena's newest view
+        drafter.propose([DraftRequest(0, prompt_key(prompts[other]), prompts[other], [10, 11])], [4])
+        assert draft_p() == [12, 13, 14]
 
 
 def test_live_outputs_from_a_token_matrix_equal_those_from_requests():

@@ -50,6 +50,7 @@ class HistoryCache:
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # least recently observed first
         self._num_tokens = 0
         self._clock = 0  # versions are unique across prompts, so evict-then-reinsert never repeats one
+        self._changes = 0  # adds and loads: any version may have changed since a reader last looked
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -58,6 +59,10 @@ class HistoryCache:
     @property
     def num_tokens(self) -> int:
         return self._num_tokens
+
+    @property
+    def changes(self) -> int:
+        return self._changes
 
     @property
     def num_responses(self) -> int:
@@ -95,6 +100,7 @@ class HistoryCache:
         if len(segment) > self.max_tokens:
             return  # a single response larger than the whole cache cannot be held
         with self._lock:
+            self._changes += 1
             entry = self._entries.pop(prompt_key, None)
             if entry is None:
                 entry = _Entry(np.array(segment + _PAD_LIST, dtype=np.int32), [0], 0)
@@ -141,6 +147,7 @@ class HistoryCache:
 
     def load_state_dict(self, state: dict) -> None:
         with self._lock:
+            self._changes += 1
             self._entries.clear()
             self._num_tokens = 0
             for key, tokens, starts in state["prompts"]:

@@ -12,7 +12,8 @@ prefetch runs (speculator.py), as the history is.
 
 from __future__ import annotations
 
-from typing import Sequence
+import itertools
+from typing import NamedTuple, Sequence
 
 import numpy as np
 from numba import njit
@@ -28,7 +29,7 @@ _EMPTY = np.zeros(0, dtype=np.int32)
 @njit(nogil=True, cache=True)
 def _lay_out_rows(prompt_keys, token_ids, rows, starts, stops):
     """One block per prompt ([SEP, output, SEP, ..., SEP * PAD]) of the rows' outputs token_ids[rows[b],
-    starts[b]:stops[b]], in row order; (arena, the prompts' keys, their blocks' starts and stops)."""
+    starts[b]:stops[b]], in row order; (arena, the prompts' keys ascending, [K, 2] their blocks' bounds)."""
     kept = np.flatnonzero(stops > starts)
     order = kept[np.argsort(prompt_keys[kept], kind="mergesort")]  # stable: rows of a prompt stay in row order
     size = 0
@@ -39,23 +40,22 @@ def _lay_out_rows(prompt_keys, token_ids, rows, starts, stops):
             blocks += 1
     arena = np.full(size + blocks * PAD, SEP, dtype=np.int32)
     keys = np.empty(blocks, dtype=np.int64)
-    block_starts = np.empty(blocks, dtype=np.int64)
-    block_stops = np.empty(blocks, dtype=np.int64)
+    bounds = np.empty((blocks, 2), dtype=np.int64)
     at, block = 0, -1
     for i in range(len(order)):
         row = order[i]
         if i == 0 or prompt_keys[row] != prompt_keys[order[i - 1]]:
             if block >= 0:
                 at += PAD
-                block_stops[block] = at
+                bounds[block, 1] = at
             block += 1
-            keys[block], block_starts[block] = prompt_keys[row], at
+            keys[block], bounds[block, 0] = prompt_keys[row], at
         length = stops[row] - starts[row]
         arena[at + 1: at + 1 + length] = token_ids[rows[row], starts[row]: stops[row]]
         at += 1 + length
     if block >= 0:
-        block_stops[block] = at + PAD
-    return arena, keys, block_starts, block_stops
+        bounds[block, 1] = at + PAD
+    return arena, keys, bounds
 
 
 class _Sequence:
@@ -78,11 +78,29 @@ class _Sequence:
         return True
 
 
+class LiveLayout(NamedTuple):
+    """Every prompt's in-flight outputs: one arena, a block per prompt, found by binary search over the sorted
+    keys (the batch kernel does it per row). Replaced whole each round, never written after."""
+
+    arena: np.ndarray  # [A] int32
+    keys: np.ndarray  # [K] int64, ascending: the prompts with outputs in flight
+    bounds: np.ndarray  # [K, 2] int64: (start, stop) of each prompt's block in the arena
+
+    def block(self, prompt_key: int) -> np.ndarray | None:
+        at = int(np.searchsorted(self.keys, prompt_key))
+        if at == len(self.keys) or self.keys[at] != prompt_key:
+            return None
+        start, stop = self.bounds[at].tolist()
+        return self.arena[start: stop]
+
+
+EMPTY_LAYOUT = LiveLayout(_EMPTY, np.zeros(0, dtype=np.int64), np.zeros((0, 2), dtype=np.int64))
+
+
 class LiveOutputs:
     def __init__(self):
         self._sequences: dict[int, _Sequence] = {}  # seq_id -> its output so far
-        # (arena, prompt key -> (start, stop) of its block): replaced whole each round, never written after
-        self.layout: tuple[np.ndarray, dict[int, tuple[int, int]]] = (_EMPTY, {})
+        self.layout = EMPTY_LAYOUT
         self._versions: dict[int, int] = {}  # prompt key -> clock value of its last change
         self._clock = 0
 
@@ -116,39 +134,40 @@ class LiveOutputs:
         for sequence in self._sequences.values():
             if sequence.length:
                 parts.setdefault(sequence.prompt_key, []).extend((_SEP, sequence.tokens[: sequence.length]))
-        blocks, spans, start = [], {}, 0
-        for key, segments in parts.items():
-            size = sum(len(s) for s in segments) + PAD
-            spans[key] = (start, start + size)
-            blocks += [*segments, _PADDING]
+        keys = sorted(parts)
+        blocks, bounds, start = [], [], 0
+        for key in keys:
+            size = sum(len(s) for s in parts[key]) + PAD
+            bounds.append((start, start + size))
+            blocks += [*parts[key], _PADDING]
             start += size
         for key in [k for k in self._versions if k not in parts]:
             del self._versions[key]
-        self.layout = (np.concatenate(blocks) if blocks else _EMPTY, spans)  # one assignment: readers see either
+        if keys:  # one assignment: readers see either layout
+            self.layout = LiveLayout(np.concatenate(blocks), np.asarray(keys, dtype=np.int64),
+                                     np.asarray(bounds, dtype=np.int64).reshape(len(keys), 2))
+        else:
+            self.layout = EMPTY_LAYOUT
 
     def take_rows(self, prompt_keys: np.ndarray, rows: TokenRows) -> None:
         """`update` from a token matrix (vLLM's route): every in-flight sequence is row b of `rows` (prompt then
         output), prompt prompt_keys[b]. The arena is laid out by one compiled copy, a prompt's outputs in row
         order; every prompt held before or now gets a new version (a conservative version: it only has to change
         when a draft could). The per-sequence buffers of `update` are dropped: the matrix is whole each round."""
-        arena, keys, starts, stops = _lay_out_rows(prompt_keys, rows.token_ids, rows.rows, rows.prompt_lengths,
-                                                   rows.lengths)
-        spans = dict(zip(keys.tolist(), zip(starts.tolist(), stops.tolist())))
+        layout = LiveLayout(*_lay_out_rows(prompt_keys, rows.token_ids, rows.rows, rows.prompt_lengths, rows.lengths))
         self._clock += 1
-        self._versions = {key: self._clock for key in {*spans, *self.layout[1]}}
+        self._versions = dict.fromkeys(itertools.chain(layout.keys.tolist(), self.layout.keys.tolist()), self._clock)
         self._sequences.clear()
-        self.layout = (arena, spans)
+        self.layout = layout
 
     def history(self, prompt_key: int) -> np.ndarray | None:
         """[L] the prompt's in-flight outputs in ngram_match's layout (a view of the arena); None when it has none."""
-        arena, spans = self.layout
-        span = spans.get(prompt_key)
-        return None if span is None else arena[span[0]: span[1]]
+        return self.layout.block(prompt_key)
 
     def version(self, prompt_key: int) -> int:
         return self._versions.get(prompt_key, 0)
 
     def clear(self) -> None:
         self._sequences.clear()
-        self.layout = (_EMPTY, {})
+        self.layout = EMPTY_LAYOUT
         self._versions.clear()

@@ -82,7 +82,7 @@ class NgramRLProposer:
         source since the last call. The overall token counters come from vLLM's stat loggers (spec_metrics.py)."""
         if self.book is None:
             return SpecMetrics()
-        metrics, self.book.sources = self.book.sources, SpecMetrics()
+        metrics = self.book.take_source_counts()
         metrics.cache_tokens = self.book.drafter.stats.cache_tokens
         if self.book.prefetcher is not None:
             metrics.prefetch_lookups, metrics.prefetch_hits = self.book.prefetcher.take_lookups_and_hits()

@@ -22,8 +22,9 @@ of the row say how many of it vLLM accepted (all of them but the last), counted 
 
 Without a prefetcher, a step's work is arrays over the batch and one compiled drafting call (the drafter's
 ``draft_rows``): Python runs per row only to look requests up when the batch changed and to hand vLLM its
-``list[list[int]]``. The prefetcher's tables are per-request Python, so with one the rows also become
-DraftRequests.
+``list[list[int]]``. While the rows stay the same and no response has joined the history, the drafter keeps
+their prompts' index lookup too (ngram_rl's ``_SlotsMemo``). The prefetcher's tables are per-request Python, so
+with one the rows also become DraftRequests.
 
 Threads: the book and its RequestTokens belong to the thread that calls vLLM's ``propose`` (the model runner's)
 and take no lock. With a prefetcher, its thread reads the drafter (under the drafter's own locks) and
@@ -108,7 +109,6 @@ class RequestBook:
         self._rows = _NO_ROWS
         self._rows_current = False  # False: a request of self._rows was retired since (look them up again)
         self._out_of_batch: set[str] = set()  # tracked, not in the last step's rows (paused)
-        self.sources = SpecMetrics()  # by_source only: drafted and accepted tokens by the drafts' sources
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -124,7 +124,7 @@ class RequestBook:
         requests, slots, keys = self._rows.requests, self._rows.slots, self._rows.keys
         num_tokens = np.asarray(rows.num_tokens[:num_rows], dtype=np.int64)  # [B]
         batch_rows = np.arange(num_rows)  # the in-flight rows as vLLM holds them: the drafter reads them there
-        self.sources.record_source_tally(SOURCES, self._tokens.catch_up(slots, rows.token_ids, num_tokens))
+        self._tokens.catch_up(slots, rows.token_ids, num_tokens)
         in_flight_rows = TokenRows(rows.token_ids, batch_rows, num_tokens,
                                    np.asarray(rows.num_prompt_tokens[:num_rows], np.int64))
         if new_batch:
@@ -150,6 +150,12 @@ class RequestBook:
         for i, draft in zip(to_draft.tolist(), proposed):
             drafts[i] = draft
         return drafts
+
+    def take_source_counts(self) -> SpecMetrics:
+        """Drafts, drafted and accepted tokens by the drafts' sources (``by_source`` only) since the last call."""
+        counts = SpecMetrics()
+        counts.record_source_tally(SOURCES, self._tokens.take_tally())
+        return counts
 
     def _sync_rows(self, rows: BatchRows, num_rows: int, live: Mapping[str, object]) -> bool:
         """Bring self._rows to this step's rows; True if they continue none of the last step's (a new batch)."""
@@ -221,10 +227,11 @@ class RequestBook:
 
 def _draft_lists(tokens: np.ndarray, sizes: np.ndarray) -> list[list[int]]:
     """Row b's first sizes[b] tokens as a list, for each row: what vLLM takes from a proposer. One conversion of
-    just the drafted tokens, then a slice a row."""
-    drafted = tokens[np.arange(tokens.shape[1]) < sizes[:, None]].tolist()
-    ends = np.cumsum(sizes).tolist()
-    return [drafted[start:end] for start, end in zip([0, *ends[:-1]], ends)]
+    the matrix, then each row's list cut short in place (fewer list operations than slicing out the drafts)."""
+    drafts = tokens.tolist()
+    for draft, size in zip(drafts, sizes.tolist()):
+        del draft[size:]
+    return drafts
 
 
 def _final_output(handle: object, tracked: list[int]) -> list[int]:

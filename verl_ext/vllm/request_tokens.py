@@ -46,7 +46,7 @@ class RequestTokens:
         # the draft handed to vLLM for the request, until the next step verifies it: its source and length
         self.draft_sources = np.zeros(capacity, dtype=np.int64)  # [capacity]
         self.draft_lengths = np.full(capacity, NOT_VERIFYING, dtype=np.int64)  # [capacity]
-        self.num_sources = num_sources
+        self.tally = np.zeros((num_sources, 3), dtype=np.int64)  # catch_up's counts since take_tally
         self._free = list(range(capacity - 1, -1, -1))  # popped from the end: lowest slot first
 
     def add(self, prompt_length: int) -> int:
@@ -61,12 +61,15 @@ class RequestTokens:
     def release(self, slot: int) -> None:
         self._free.append(slot)
 
-    def catch_up(self, slots: np.ndarray, token_ids: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
-        """Request slots[b] now holds the first num_tokens[b] tokens of token_ids' row b. Returns [num_sources, 3]
-        (drafts, drafted tokens, accepted tokens) by source of the drafts this step verified."""
-        tally = np.zeros((self.num_sources, 3), dtype=np.int64)
+    def catch_up(self, slots: np.ndarray, token_ids: np.ndarray, num_tokens: np.ndarray) -> None:
+        """Request slots[b] now holds the first num_tokens[b] tokens of token_ids' row b; the drafts this step
+        verified are counted into ``tally``."""
         _catch_up(self.tokens, self.lengths, self.draft_sources, self.draft_lengths, slots, token_ids, num_tokens,
-                  tally)
+                  self.tally)
+
+    def take_tally(self) -> np.ndarray:
+        """[num_sources, 3] (drafts, drafted tokens, accepted tokens) by source verified since the last call."""
+        tally, self.tally = self.tally, np.zeros_like(self.tally)
         return tally
 
     def handed(self, slots: np.ndarray, sources: np.ndarray, lengths: np.ndarray) -> None:

@@ -14,7 +14,6 @@ Python, which the tests hold it to token for token.
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections import OrderedDict
 from typing import NamedTuple, Sequence
@@ -26,7 +25,7 @@ from verl_ext.speculation.config import MAX_DRAFT_TOKENS, SpeculationConfig
 from verl_ext.speculation.drafters.base import Draft, DraftRequest, Drafter, DrafterStats, TokenRows
 from verl_ext.speculation.global_history import GlobalHistory
 from verl_ext.speculation.history_cache import HistoryCache
-from verl_ext.speculation.live_outputs import LiveOutputs
+from verl_ext.speculation.live_outputs import EMPTY_LAYOUT, LiveOutputs
 from verl_ext.speculation.ngram_match import (PAD, SEP, continuation_counts, continuation_windows, extend_match,
                                               vote_continuation)
 from verl_ext.speculation.outcome_drafts import OutcomeDrafts
@@ -43,7 +42,6 @@ _MAX_INDEXES = 1024
 _FALLBACK_MIN_MATCH = 2
 _PADDING = np.full(PAD, SEP, dtype=np.int32)
 _EMPTY = np.zeros(0, dtype=np.int32)
-_NO_SPAN = (0, 0)
 _NO_GLOBAL = (_EMPTY, np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), 0, 0, 0, 0)  # n = 0: off
 
 
@@ -80,6 +78,21 @@ def _draft_buffers(count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(tokens [B, MAX_DRAFT_TOKENS], lengths [B], sources [B]) for compiled_match.batch_drafts to fill."""
     return (np.empty((count, MAX_DRAFT_TOKENS), dtype=np.int32), np.zeros(count, dtype=np.int64),
             np.zeros(count, dtype=np.int8))
+
+
+class _SlotsMemo(NamedTuple):
+    """_row_sources' last answer, valid while the history is unchanged: its slots index its own arena view, which
+    stays valid however many indexes are added or dropped since (prompt_arena.py), and an index is current while
+    its prompt's history is. Skipping the lookup also skips marking the prompts as just used: another caller's
+    prompts can push theirs out of the _MAX_INDEXES kept, to be rebuilt at the next lookup."""
+
+    prompts: object  # the distinct_prompts tuple the lookup was for (compared by identity)
+    history: int  # HistoryCache.changes at the lookup
+    view: ArenaView | None  # the arena's view the slots index
+    row_slots: np.ndarray  # [B] int64
+
+
+_NO_SLOTS = _SlotsMemo(None, -1, None, np.zeros(0, dtype=np.int64))
 
 
 class _NoHistory(OutcomeDrafts):
@@ -124,6 +137,7 @@ class NgramRLDrafter(Drafter):
         # builds one twice; cleared when it holds _MAX_INDEXES prompts)
         self._prompt_arrays: dict[int, np.ndarray] = {}
         self._votes = VoteMemo()  # shared by all indexes: the key is the windows' content
+        self._slots_memo = _NO_SLOTS
         self.live = LiveOutputs() if config.draft_from_siblings else None
         self.draft_from_self = config.draft_from_self
         self.global_history = GlobalHistory(_FALLBACK_MIN_MATCH) if config.draft_from_global else None
@@ -180,25 +194,31 @@ class NgramRLDrafter(Drafter):
 
     def _run_kernel(self, batch_rows, tokens, token_rows, lengths, budgets, sources, out, use_prompt, use_fallback,
                     use_self) -> None:
-        slots, live_spans, prompt_arena, live = sources
-        compiled_match.batch_drafts(batch_rows, tokens, token_rows, lengths, budgets, slots, prompt_arena, live,
-                                    live_spans, use_self, self._global_arrays(), self.min_n, self.max_n,
+        slots, prompt_arena, prompt_keys = sources
+        live = EMPTY_LAYOUT if self.live is None else self.live.layout
+        compiled_match.batch_drafts(batch_rows, tokens, token_rows, lengths, budgets, slots, prompt_arena,
+                                    prompt_keys, live, use_self, self._global_arrays(), self.min_n, self.max_n,
                                     max(self.min_n, _FALLBACK_MIN_MATCH), use_prompt, use_fallback, *out)
 
     def _row_sources(self, prompt_keys: np.ndarray, prompts: tuple[list[int], np.ndarray] | None = None) -> tuple:
-        """(slots [B], live spans [B, 2], the prompt arena's view, the live arena) for compiled_match.batch_drafts:
-        one index lookup per prompt (a GRPO group's rows share it), under one lock."""
+        """(slots [B], the prompt arena's view, prompt_keys) for compiled_match.batch_drafts: one index lookup per
+        prompt (a GRPO group's rows share it), under one lock; none while nothing has changed since the last
+        lookup of the same distinct prompts (the caller keeps ``prompts`` while its rows stay the same)."""
+        memo = self._slots_memo
+        if prompts is not None and memo.prompts is prompts and memo.history == self.cache.changes:
+            return memo.row_slots, memo.view, prompt_keys
         keys, row_prompt = distinct_prompts(prompt_keys) if prompts is None else prompts
+        history = self.cache.changes  # read first: a change during the lookup leaves the memo stale, not wrong
         slots, prompt_arena = self._current_slots(keys)
         stale = [key for key, slot in zip(keys, slots) if slot < 0 and self.cache.version(key)]
         if stale:  # build outside the lock, then look once more
             for key in stale:
                 self._index(key)
             slots, prompt_arena = self._current_slots(keys)
-        live, spans = (_EMPTY, {}) if self.live is None else self.live.layout
-        live_spans = np.fromiter(itertools.chain.from_iterable(spans.get(key, _NO_SPAN) for key in keys),
-                                 dtype=np.int64, count=2 * len(keys)).reshape(len(keys), 2)
-        return np.asarray(slots, dtype=np.int64)[row_prompt], live_spans[row_prompt], prompt_arena, live
+        row_slots = np.asarray(slots, dtype=np.int64)[row_prompt]
+        if prompts is not None:
+            self._slots_memo = _SlotsMemo(prompts, history, prompt_arena, row_slots)
+        return row_slots, prompt_arena, prompt_keys
 
     def _current_slots(self, keys: list[int]) -> tuple[list[int], ArenaView]:
         """Each prompt's arena slot where its held index is current (-1: none or stale), marked as just used, and
