@@ -3,12 +3,13 @@ holds, for every outcome it answers, the draft synchronous drafting would give."
 
 import random
 
+import numpy as np
 import pytest
 from verl_ext_testing import PROMPT_ONLY, longest_match
 
 from verl_ext.speculation import DraftRequest, SpeculationConfig, build_drafter, prompt_key
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
-from verl_ext.speculation.ngram_match import as_history, frequent_continuation
+from verl_ext.speculation.ngram_match import SEP, as_history, frequent_continuation
 from verl_ext.speculation.prompt_index import PromptIndex
 
 VOCAB = 6  # few tokens: long and short matches, ties and known-empty outcomes all occur
@@ -28,6 +29,33 @@ def _edited_copies(rng, count=12, vocab=30):
 def _reference_draft(history, context, min_n, max_n):
     _, ends = longest_match(history, context[-max_n:], min_n, max_n)
     return frequent_continuation(history, ends, MAX_DRAFT_TOKENS)
+
+
+def _sorted_arrays_reference(history):
+    """PromptIndex's arrays by their definition: continuable ends sorted by token (stable), pairs by (x, t,
+    position)."""
+    ends = np.flatnonzero((history[:-1] != SEP) & (history[1:] != SEP)).astype(np.int32)
+    tokens = history[ends]
+    order = np.argsort(tokens, kind="stable")
+    keep = history[ends - 1] != SEP
+    previous, nexts, positions = history[ends[keep] - 1], tokens[keep], ends[keep] - 1
+    pairs = np.lexsort((positions, nexts, previous))
+    return tokens[order], ends[order], previous[pairs], nexts[pairs], positions[pairs]
+
+
+def test_index_arrays_equal_their_definition():
+    # the sorts PromptIndex builds a version with (one per response added or dropped) against a plain lexsort;
+    # the widest vocabulary puts tokens in the high bits of the int64 keys
+    rng = random.Random(3)
+    for vocab in (VOCAB, 30, 2**31 - 1):
+        for _ in range(20):
+            history = as_history(_random_segments(rng, count=rng.randrange(1, 20), vocab=vocab))
+            index = PromptIndex(history, 1, 1, 8)
+            got = (index._end_tokens, index._ends_by_token, index._pair_first, index._pair_next,
+                   index._pair_positions)
+            for name, want, have in zip(("end tokens", "ends", "pair x", "pair t", "pair positions"),
+                                        _sorted_arrays_reference(history), got):
+                assert have.dtype == np.int32 and have.tolist() == want.tolist(), name
 
 
 @pytest.mark.parametrize("min_n,max_n", [(1, 1), (1, 3), (1, 8), (2, 4)])

@@ -37,15 +37,11 @@ class PromptIndex(PrefetchWork):
         self.history, self.version = history, version
         self.votes = VoteMemo() if votes is None else votes
         self.min_n, self.max_n = min_n, max_n
-        # Two sorts per version, no per-token Python: token lookups are binary searches, memoised on first use.
-        ends = np.flatnonzero((history[:-1] != SEP) & (history[1:] != SEP)).astype(np.int32)  # [E] continuable
-        tokens = history[ends]
-        order = np.argsort(tokens, kind="stable")  # stable: each token's ends stay oldest first
-        self._end_tokens, self._ends_by_token = tokens[order], ends[order]  # [E], [E]
-        keep = history[ends - 1] != SEP  # the pairs (x, t) whose t is a continuable end, grouped by x then t
-        previous, nexts, positions = history[ends[keep] - 1], tokens[keep], ends[keep] - 1
-        order = np.lexsort((positions, nexts, previous))
-        self._pair_first, self._pair_next, self._pair_positions = previous[order], nexts[order], positions[order]
+        # Built once per version (a response added or dropped), on the drafting step's critical path: two sorts, no
+        # per-token Python. Token lookups are binary searches, memoised on first use.
+        self._end_tokens, self._ends_by_token, self._pair_keys, self._pair_positions = _sorted_arrays(history)
+        self._pair_first = (self._pair_keys >> 32).astype(np.int32)  # [P] x of each pair (x, t)
+        self._pair_next = (self._pair_keys & 0xFFFFFFFF).astype(np.int32)  # [P] t
         self._ends: dict[int, np.ndarray | None] = {}
         self._next_token_groups: dict[int, NextTokenGroups | None] = {}
         # matched suffix -> MAX_DRAFT_TOKENS draft; last max_n context tokens -> draft (long matches)
@@ -55,9 +51,8 @@ class PromptIndex(PrefetchWork):
         """(history, end tokens, ends by token, pair keys, pair positions, pair directory, token directory): what
         compiled_match.batch_drafts reads (by way of a PromptArena). A pair (x, t) is the key x << 32 | t; the
         directories (run_directory.py) find a pair's or a token's run in one probe."""
-        pair_keys = (self._pair_first.astype(np.int64) << 32) | self._pair_next.astype(np.int64)
-        return (self.history, self._end_tokens, self._ends_by_token, pair_keys, self._pair_positions,
-                run_directory.build(pair_keys), run_directory.build(self._end_tokens))
+        return (self.history, self._end_tokens, self._ends_by_token, self._pair_keys, self._pair_positions,
+                run_directory.build(self._pair_keys), run_directory.build(self._end_tokens))
 
     def carry_over(self, changed: set[int]) -> tuple[dict, dict]:
         """The memos a next version keeps when the segments added or dropped hold only `changed` tokens: a key
@@ -149,6 +144,23 @@ class PromptIndex(PrefetchWork):
         for token in unique[np.argsort(-counts, kind="stable")].tolist():
             self.computed_unigram_draft(token)
             yield
+
+
+def _sorted_arrays(history: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(end tokens [E], ends by token [E], pair keys [P] int64, pair positions [P]) of a history in ngram_match's
+    layout. An end is a position whose token and next token are both not SEP (a match ending there has a
+    continuation); ends are sorted by token, each token's oldest first. A pair is (x, t) at (p - 1, p) for an end p
+    with x not SEP, keyed x << 32 | t (tokens are non-negative int32), sorted by key, then position.
+
+    Ends sort as the unique keys token << 32 | position, so an unstable sort serves (half a stable one's time);
+    pairs need a stable sort of their keys (half of a lexsort over x, t, position)."""
+    ends = np.flatnonzero((history[:-1] != SEP) & (history[1:] != SEP))  # [E] ascending
+    by_token = np.sort((history[ends].astype(np.int64) << 32) | ends)
+    with_pair = ends[history[ends - 1] != SEP]  # history[0] is SEP, so every end is >= 1
+    keys = (history[with_pair - 1].astype(np.int64) << 32) | history[with_pair]
+    order = np.argsort(keys, kind="stable")
+    return ((by_token >> 32).astype(np.int32), (by_token & 0xFFFFFFFF).astype(np.int32), keys[order],
+            (with_pair[order] - 1).astype(np.int32))
 
 
 class NextTokenGroups(NamedTuple):
