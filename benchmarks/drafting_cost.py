@@ -193,7 +193,8 @@ def vllm_child(path: str) -> None:
         batch_propose_numba(rows, step_lengths, tokens, 1, 8, max_len + BUDGET, BUDGET, draft, counts)
         return int(counts.sum())
 
-    # its constructor reads these fields only (vllm/v1/spec_decode/ngram_proposer.py); the last one-thread
+    # its constructor reads these fields only (vllm/v1/spec_decode/ngram_proposer.py); it drafts on one numba
+    # thread (min(1, cores // 2)), as the kernel's row above does
     proposer = NgramProposer(SimpleNamespace(
         speculative_config=SimpleNamespace(prompt_lookup_min=1, prompt_lookup_max=8, num_speculative_tokens=BUDGET),
         model_config=SimpleNamespace(max_model_len=max_len + BUDGET),
@@ -285,8 +286,6 @@ def main() -> None:
         if use_vllm:
             results.update(run_vllm(batch, results["compiled"]["lengths"]))
         for method, r in results.items():
-            if r is None:
-                continue
             print(f"{batch:>5} {method:>9} | {1e3 * r['step_s']:>8.2f} {r['per_row_us']:>7.2f} "
                   f"{r['tokens_per_row']:>7.2f} | {1e3 * decode:>9.2f} {r['step_s'] / decode:>6.1%}")
         print(f"{batch:>5} (ngram_rl also takes in the siblings' outputs once a round, observe_live, us/row: "

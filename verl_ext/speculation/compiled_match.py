@@ -184,7 +184,7 @@ def _touch_prompt_paths(batch_rows, tokens, token_rows, lens, slots, prompt_aren
     touched = np.int64(0)
     for b in batch_rows:
         slot, length = slots[b], lens[b]
-        if slot < 0 or length < 2 or min(max_n, length) < 2:
+        if slot < 0 or min(max_n, length) < 2:  # the pair lookup needs two context tokens (_prompt_draft)
             continue
         h_lo, h_hi, _, _, p_lo, p_hi, d_lo, d_hi, _, _ = bounds[slot]
         row_tokens = tokens[token_rows[b]]

@@ -137,6 +137,8 @@ class NgramRLDrafter(Drafter):
         # builds one twice; cleared when it holds _MAX_INDEXES prompts)
         self._prompt_arrays: dict[int, np.ndarray] = {}
         self._votes = VoteMemo()  # shared by all indexes: the key is the windows' content
+        # _row_sources' kept lookup: read and written only by callers that keep `prompts` (RequestBook, on vLLM's
+        # model-runner thread); the prefetch thread's calls pass none and never touch it, so it takes no lock
         self._slots_memo = _NO_SLOTS
         self.live = LiveOutputs() if config.draft_from_siblings else None
         self.draft_from_self = config.draft_from_self
