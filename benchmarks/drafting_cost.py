@@ -1,6 +1,7 @@
 """Drafting cost per row and decode step: ngram_rl's NumPy/Python reference, ngram_rl compiled, vLLM's `ngram`.
 
     python benchmarks/drafting_cost.py [--batches 64,256,1024] [--steps 30] [--no-vllm] [--evict-mb 64]
+                                       [--finishing 4]
 
 The workload (issue 29's): vocabulary 32k, 32 prompts each with 16 recent responses of 400 tokens in ngram_rl's
 history, and B rows, each following an edited copy of one of its prompt's answers (a policy that has converged
@@ -25,6 +26,13 @@ forward in between leaves them (without it each step finds what the replay's own
 share of a decode step: one forward of B rows, one token each, over a 512-token KV cache, of the
 embedded demo's model (random weights), timed here. A line per batch adds what ngram_rl pays once a round
 besides drafting: taking in the siblings' outputs (observe_live), which vLLM's kernel has no counterpart of.
+
+--finishing N: N rows a step finish (in turn), as requests do in an engine, and start their answer again as a new
+request of the same prompt. The finished output joins its prompt's history, so the next step rebuilds that prompt's
+index (drafting for a prompt whose history just changed): in `proposer` inside the timed call, as in vLLM (the
+request leaves the batch, the book feeds the history); in the other methods the response is observed between
+steps and only the rebuild is timed. vLLM's proposer keeps no history, so it only sees those rows' shorter
+contexts.
 """
 
 from __future__ import annotations
@@ -68,17 +76,17 @@ def workload(batch: int, seed: int = 0):
     return prompts, history, rows
 
 
-def replay(method: str, batch: int, steps: int, warmup: int) -> dict:
+def replay(method: str, batch: int, steps: int, warmup: int, finishing: int = 0) -> dict:
     """Drive one drafter through `steps` rounds; per-step seconds of propose, tokens drafted, and the contexts."""
     prompts, history, rows = workload(batch)
     if method == "proposer":
-        return replay_proposer(prompts, history, rows, steps, warmup)
+        return replay_proposer(prompts, history, rows, steps, warmup, finishing)
     drafter = build_drafter(SpeculationConfig(method="ngram_rl"))
     _observe(drafter, prompts, history)
     keys = [prompt_key(p) for p in prompts]
     outputs = [answer[:1] for _, answer in rows]
     matrix = _matrix([prompts[p] + answer for p, answer in rows])  # past each row's length: tokens not yet written
-    seconds, live_seconds, drafted, lengths = [], [], [], []
+    seconds, live_seconds, drafted, lengths, finished = [], [], [], [], []
     for _ in range(steps):
         requests = [DraftRequest(r, keys[p], prompts[p], outputs[r]) for r, (p, _) in enumerate(rows)]
         token_rows = TokenRows(matrix, np.arange(batch), np.asarray([PROMPT_LEN + len(o) for o in outputs]),
@@ -98,10 +106,16 @@ def replay(method: str, batch: int, steps: int, warmup: int) -> dict:
         drafter.observe_live(requests, token_rows if method == "matrix" else None)  # siblings' outputs, a round
         live_seconds.append(time.perf_counter() - start)
         _advance(rows, outputs, drafts)
+        for key, prompt, response in finished:  # as the proposer's book: after the step that saw them leave
+            drafter.observe(key, prompt, response)
+        finished = [(keys[rows[r][0]], prompts[rows[r][0]], rows[r][1][:lengths[-1][r]])  # the book's last view
+                    for r in finished_rows(len(drafted) - 1, batch, finishing)]
+        for r in finished_rows(len(drafted) - 1, batch, finishing):
+            outputs[r] = rows[r][1][:1]
     return _summary(batch, warmup, seconds, drafted, lengths, live_seconds)
 
 
-def replay_proposer(prompts, history, rows, steps: int, warmup: int) -> dict:
+def replay_proposer(prompts, history, rows, steps: int, warmup: int, finishing: int) -> dict:
     """`replay` through NgramRLProposer.propose, the rows kept as vLLM's InputBatch keeps them."""
     from verl_ext.vllm.engine_args import drafter_settings
     from verl_ext.vllm.proposer import NgramRLProposer
@@ -129,7 +143,18 @@ def replay_proposer(prompts, history, rows, steps: int, warmup: int) -> dict:
         drafted.append(sum(len(d) for d in drafts))
         lengths.append([len(o) for o in outputs])
         _advance(rows, outputs, drafts)
+        for r in finished_rows(len(drafted) - 1, batch, finishing):  # vLLM drops the request, then fills its row
+            del runner.requests[input_batch.req_ids[r]]
+            input_batch.req_ids[r] = f"row-{r}-step-{len(drafted)}"
+            runner.requests[input_batch.req_ids[r]] = object()
+            outputs[r] = rows[r][1][:1]
     return _summary(batch, warmup, seconds, drafted, lengths)
+
+
+def finished_rows(step: int, batch: int, finishing: int) -> range:
+    """The rows whose requests finish after `step` (--finishing of them, in turn)."""
+    first = step * finishing % batch
+    return range(first, min(batch, first + finishing))
 
 
 def _observe(drafter, prompts, history) -> None:
@@ -267,6 +292,8 @@ def main() -> None:
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--evict-mb", type=int, default=0,
                         help="write this many MB before each timed step (0: caches as the last step left them)")
+    parser.add_argument("--finishing", type=int, default=0,
+                        help="rows a step whose requests finish and start again (their prompt's history changes)")
     parser.add_argument("--vllm-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.evict_mb:
@@ -279,7 +306,7 @@ def main() -> None:
     print(f"{'batch':>5} {'method':>9} | {'step ms':>8} {'us/row':>7} {'tok/row':>7} | {'decode ms':>9} {'share':>6}")
     for batch in map(int, args.batches.split(",")):
         decode = decode_step_s(batch)
-        results = {method: replay(method, batch, args.steps, args.warmup) for method in METHODS}
+        results = {method: replay(method, batch, args.steps, args.warmup, args.finishing) for method in METHODS}
         for method in METHODS[1:]:
             if results[method]["drafts"] != results["reference"]["drafts"]:
                 print(f"batch {batch}: {method}'s drafts differ from the reference's")  # the tests hold them equal

@@ -15,17 +15,26 @@ from verl_ext.speculation.prompt_arena import PromptArena
 
 
 def _arrays(rng: random.Random) -> tuple[np.ndarray, ...]:
-    sizes = ([rng.randrange(0, 300)] + [rng.randrange(0, 200)] * 2 + [rng.randrange(0, 100)] * 2
-             + [2 * rng.randrange(1, 64), 2 * rng.randrange(1, 64)])
-    high = [1000, 1000, 1000, 1 << 40, 1000, 1000, 1000]  # the pair keys are int64
-    return tuple(np.asarray([rng.randrange(-1, high[f]) for _ in range(n)], dtype=np.int64 if f == 3 else np.int32)
-                 for f, n in enumerate(sizes))
+    """(history, end tokens, ends by token, pair keys, pair positions): random, the keys sorted with repeats."""
+    sizes = [rng.randrange(0, 300)] + [rng.randrange(0, 200)] * 2 + [rng.randrange(0, 100)] * 2
+    high = [1000, 50, 1000, 1 << 40, 1000]  # the pair keys are int64
+    arrays = [np.asarray([rng.randrange(-1, high[f]) for _ in range(n)], dtype=np.int64 if f == 3 else np.int32)
+              for f, n in enumerate(sizes)]
+    arrays[3] = np.sort(arrays[3] % 64 << 32)
+    arrays[1] = np.sort(arrays[1])
+    return tuple(arrays)
 
 
 def _held(view, slot: int) -> list[list[int]]:
     h0, h1, e0, e1, p0, p1, d0, d1, t0, t1 = view.bounds[slot].tolist()
     spans = [(h0, h1), (e0, e1), (e0, e1), (p0, p1), (p0, p1), (d0, d1), (t0, t1)]
     return [view[field][lo:hi].tolist() for field, (lo, hi) in enumerate(spans)]
+
+
+def _with_directories(arrays: tuple[np.ndarray, ...]) -> list[list[int]]:
+    """What a slot holds: its arrays, then the directories of its pair keys' and end tokens' runs."""
+    return [a.tolist() for a in arrays] + [run_directory.build(arrays[3]).tolist(),
+                                           run_directory.build(arrays[1]).tolist()]
 
 
 def test_every_slot_reads_back_its_arrays_and_old_views_stay_valid():
@@ -40,7 +49,7 @@ def test_every_slot_reads_back_its_arrays_and_old_views_stay_valid():
             arrays = _arrays(rng)
             slot = arena.add(arrays)
             assert slot not in held
-            held[slot] = [a.tolist() for a in arrays]
+            held[slot] = _with_directories(arrays)
         for slot, arrays in held.items():
             assert _held(arena.view, slot) == arrays, (step, slot)
         assert len(arena) == len(held)

@@ -209,16 +209,50 @@ def test_drafts_stay_exact_when_memos_carry_over_to_new_versions():
                 assert table.get(accepted, token) == reference.propose([after], [MAX_DRAFT_TOKENS])[0]
 
 
-def test_history_cache_names_the_tokens_that_changed_between_versions():
+def test_history_cache_says_what_changed_between_versions():
     from verl_ext.speculation.history_cache import HistoryCache
 
+    def change(since, until):  # (tokens, cut, appended)
+        found = cache.change_since(1, since, until)
+        return None if found is None else (found.tokens(), found.cut, found.appended)
+
     cache = HistoryCache(max_tokens=1000, max_responses_per_prompt=2, tail_len=1)
-    cache.add(1, [9], [1, 2])
+    cache.add(1, [9], [1, 2])  # segment [SEP, 9, 1, 2]
     first = cache.version(1)
     cache.add(1, [9], [3, 4])
     second = cache.version(1)
-    cache.add(1, [9], [5])  # drops [9, 1, 2]
-    assert cache.changed_tokens(1, first, second) == {9, 3, 4}
-    assert cache.changed_tokens(1, second, cache.version(1)) == {9, 5, 1, 2}
-    assert cache.changed_tokens(1, first, cache.version(1)) == {9, 1, 2, 3, 4, 5}
-    assert cache.changed_tokens(1, 12345, cache.version(1)) is None  # not a version of this prompt
+    cache.add(1, [9], [5])  # drops [SEP, 9, 1, 2]
+    assert change(first, second) == ({9, 3, 4}, 0, 4)
+    assert change(second, cache.version(1)) == ({9, 5, 1, 2}, 4, 3)
+    assert change(first, cache.version(1)) == ({9, 1, 2, 3, 4, 5}, 4, 7)
+    cache.add(1, [9], [6, 6, 6])  # drops [SEP, 9, 3, 4], which `first` did not hold: it cuts into the appended
+    assert change(first, cache.version(1)) == ({9, 1, 2, 3, 4, 5, 6}, 4, 8)
+    assert change(12345, cache.version(1)) is None  # not a version of this prompt
+    assert change(cache.version(1), first) is None  # not a later one
+
+
+def test_an_index_advanced_through_changes_equals_one_built_anew():
+    # Every kind of change between the two versions: responses added, the oldest dropped by the per-prompt bound
+    # (one at a time, or several, some added within the span), a prompt evicted whole by the token bound (a new
+    # history: built anew). Each index built for a version is compared with a fresh one, array for array.
+    from verl_ext.speculation.history_cache import HistoryCache
+
+    rng = random.Random(11)
+    cache = HistoryCache(max_tokens=300, max_responses_per_prompt=4, tail_len=2)
+    held, advanced = None, 0
+    for _ in range(300):
+        key = 1 if rng.random() < 0.8 else rng.randrange(2, 4)
+        cache.add(key, [7, 8, 9], [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 40))])
+        snapshot = cache.snapshot(1)
+        if snapshot is None or rng.random() < 0.4:  # some versions skipped: changes pile up between two builds
+            held = held if snapshot is not None else None
+            continue
+        history, version = snapshot
+        change = None if held is None else cache.change_since(1, held.version, version)
+        index = PromptIndex(history, version, 1, 8) if change is None else held.advanced(history, version, change)
+        advanced += change is not None
+        fresh = PromptIndex(history, version, 1, 8)
+        for name in ("_end_tokens", "_ends_by_token", "_pair_keys", "_pair_positions"):
+            assert getattr(index, name).tolist() == getattr(fresh, name).tolist(), name
+        held = index
+    assert advanced > 100

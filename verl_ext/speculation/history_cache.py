@@ -3,12 +3,15 @@
 Each prompt's responses live in one flat int32 array (ngram_match's layout); every segment is
 [SEP, last `tail_len` prompt tokens, response], so a context that still ends inside the prompt matches
 at the start of earlier responses. Inserting is one concatenation with no per-token Python work;
-ngram_rl indexes a prompt's array once per version (prompt_index.py: two sorts, ~20 bytes per token), which
-benchmarks/ngram_lookup.py measures against a plain scan, a hashed n-gram index and a suffix automaton.
+ngram_rl indexes a prompt's array once per version (prompt_index.py: two sorts for a new prompt, a linear merge
+from the version before otherwise; ~20 bytes per token), which benchmarks/ngram_lookup.py measures against a plain scan, a hashed n-gram index and a suffix automaton.
 
 Arrays are never modified in place: an insert or eviction replaces the prompt's array and bumps its
 version, so a reader (the prefetch thread) holding an old array sees a consistent snapshot, and the
-version tells whether a draft computed from it is still current.
+version tells whether a draft computed from it is still current. Each prompt logs its recent changes, so a
+reader holding an older version learns what lies between (`change_since`): the tokens the changed segments
+hold, and the net edit, a cut from the front and an append at the back (every change is one or the other),
+from which ngram_rl advances its index instead of building it again.
 """
 
 from __future__ import annotations
@@ -16,15 +19,36 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from verl_ext.speculation.ngram_match import PAD, SEP
 
 _PADDING = np.full(PAD, SEP, dtype=np.int32)
-_PAD_LIST = [SEP] * PAD
 _LOG_LENGTH = 64  # changes remembered per prompt (a step adds n responses and drops as many)
+
+
+class _Change(NamedTuple):
+    before: int  # the version it changed
+    after: int  # the version it made
+    tokens: np.ndarray  # [n] int32 the tokens of the segment added or dropped (past its SEP)
+    cut: int  # tokens dropped from the front (the oldest response)
+    appended: int  # tokens added at the back (a new response)
+    length: int  # tokens held after it
+
+
+class HistoryChange(NamedTuple):
+    """What lies between two versions of a prompt's history: the later one is the earlier's tokens [cut:], then
+    `appended` more (a new response's segments, each starting with SEP)."""
+
+    segments: list[np.ndarray]  # the tokens of each segment added or dropped (past its SEP)
+    cut: int
+    appended: int
+
+    def tokens(self) -> set[int]:
+        """Every token the segments added or dropped hold."""
+        return set(np.concatenate(self.segments).tolist()) if self.segments else set()
 
 
 @dataclass
@@ -32,8 +56,7 @@ class _Entry:
     history: np.ndarray  # [num_tokens + PAD] int32, ngram_match layout
     starts: list[int]  # [num_responses] offset of each segment in `history`, oldest first
     version: int
-    # recent changes: (version before, version after, tokens of the segment added or dropped)
-    log: list[tuple[int, int, frozenset[int]]] = field(default_factory=list)
+    log: list[_Change] = field(default_factory=list)  # recent changes, oldest first
 
     @property
     def num_tokens(self) -> int:
@@ -74,20 +97,28 @@ class HistoryCache:
             entry = self._entries.get(prompt_key)
             return None if entry is None else (entry.history, entry.version)
 
-    def changed_tokens(self, prompt_key: int, since: int, until: int) -> set[int] | None:
-        """Tokens of the segments added or dropped between two versions of a prompt's history (a draft whose
-        matched tokens avoid them is unchanged); None when the log does not reach back that far."""
+    def change_since(self, prompt_key: int, since: int, until: int) -> HistoryChange | None:
+        """What changed in a prompt's history from version `since` to `until`; None when the log does not reach
+        back that far (or `until` is not a later version of it). A segment dropped after being added within the
+        span cuts into the appended tokens instead."""
         with self._lock:
             entry = self._entries.get(prompt_key)
             log = [] if entry is None else entry.log
-            start = next((i for i, (before, _, _) in enumerate(log) if before == since), None)
+            start = next((i for i, change in enumerate(log) if change.before == since), None)
             if start is None:
                 return None
-            changed: set[int] = set()
-            for _, after, tokens in log[start:]:
-                changed |= tokens
-                if after == until:
-                    return changed
+            first = log[start]
+            old_tokens = first.length + first.cut - first.appended  # held at `since`
+            segments = []
+            cut = appended = 0
+            for change in log[start:]:
+                segments.append(change.tokens)
+                appended += change.appended
+                from_old = min(change.cut, old_tokens - cut)
+                cut += from_old
+                appended -= change.cut - from_old
+                if change.after == until:
+                    return HistoryChange(segments, cut, appended)
             return None
 
     def version(self, prompt_key: int) -> int:
@@ -96,36 +127,37 @@ class HistoryCache:
 
     def add(self, prompt_key: int, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> None:
         tail = prompt_tokens[max(0, len(prompt_tokens) - self.tail_len):] if self.tail_len else ()
-        segment = [SEP, *tail, *response_tokens]
+        segment = np.array([SEP, *tail, *response_tokens], dtype=np.int32)
         if len(segment) > self.max_tokens:
             return  # a single response larger than the whole cache cannot be held
         with self._lock:
             self._changes += 1
             entry = self._entries.pop(prompt_key, None)
             if entry is None:
-                entry = _Entry(np.array(segment + _PAD_LIST, dtype=np.int32), [0], 0)
+                entry = _Entry(np.concatenate([segment, _PADDING]), [0], 0)
             else:
                 entry.starts.append(entry.num_tokens)
-                entry.history = np.concatenate([entry.history[:-PAD], np.array(segment, dtype=np.int32), _PADDING])
+                entry.history = np.concatenate([entry.history[:-PAD], segment, _PADDING])
             self._entries[prompt_key] = entry
             self._num_tokens += len(segment)
+            self._touch(entry, segment[1:], 0, len(segment))
             while len(entry.starts) > self.max_responses:
                 self._drop_oldest_response(prompt_key, entry)
-            self._touch(entry, frozenset(segment[1:]))
             self._evict()
 
-    def _touch(self, entry: _Entry, changed: frozenset[int]) -> None:
+    def _touch(self, entry: _Entry, changed: np.ndarray, cut: int, appended: int) -> None:
         self._clock += 1
-        entry.log = [*entry.log[1 - _LOG_LENGTH:], (entry.version, self._clock, changed)]
+        change = _Change(entry.version, self._clock, changed, cut, appended, entry.num_tokens)
+        entry.log = [*entry.log[1 - _LOG_LENGTH:], change]
         entry.version = self._clock
 
     def _drop_oldest_response(self, prompt_key: int, entry: _Entry) -> None:
         cut = entry.starts[1] if len(entry.starts) > 1 else entry.num_tokens
-        dropped = frozenset(entry.history[1:cut].tolist()) - {SEP}
+        dropped = entry.history[1:cut].copy()  # a view would keep the whole old history alive in the log
         entry.history = entry.history[cut:].copy()  # a view would keep the dropped tokens alive
         entry.starts = [s - cut for s in entry.starts[1:]]
         self._num_tokens -= cut
-        self._touch(entry, dropped)
+        self._touch(entry, dropped, cut, 0)
         if not entry.starts:
             del self._entries[prompt_key]
 
@@ -154,6 +186,6 @@ class HistoryCache:
                 entry = _Entry(np.concatenate([np.asarray(tokens, dtype=np.int32), _PADDING]), list(starts), 0)
                 self._entries[int(key)] = entry
                 self._num_tokens += entry.num_tokens
-                self._touch(entry, frozenset())
+                self._touch(entry, _PADDING[:0], 0, 0)
                 entry.log = []  # nothing before a restore to compare with
             self._evict()

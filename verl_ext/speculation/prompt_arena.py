@@ -1,16 +1,18 @@
 """Every held prompt index's arrays in shared buffers, so that one compiled call drafts rows of many prompts.
 
-ngram_rl builds a PromptIndex per prompt and version (prompt_index.py). `add` copies its history, sorted arrays and their
-directories (`PromptIndex.kernel_arrays`) to the end of five pools (histories; ends by token; pairs; pair
-directories; token directories) and gives it a slot, whose row of `bounds` says where its arrays lie: [history
-start, stop, ends start, stop, pairs start, stop, pair directory start, stop, token directory start, stop].
-Positions inside a slot's arrays are relative to its own arrays. Pools are written only past their used length, and `bounds` is replaced, never
-written, on each change, so a snapshot (`view`) stays valid while slots are added and dropped. When a pool is
-full, every live slot is copied into new pools of twice the live size: growth and compaction in one.
+ngram_rl builds a PromptIndex per prompt and version (prompt_index.py). `add` copies its history and sorted arrays
+(`PromptIndex.kernel_arrays`) to the end of three pools (histories; ends by token; pairs), builds their run
+directories (run_directory.py) in place at the end of two more (pair directories; token directories: the largest
+part, so never built elsewhere and copied), and gives it a slot, whose row of `bounds` says where its arrays lie:
+[history start, stop, ends start, stop, pairs start, stop, pair directory start, stop, token directory start, stop].
+Positions inside a slot's arrays are relative to its own arrays. Pools are written only past their used length,
+and `bounds` is replaced, never written, on each change, so a snapshot (`view`) stays valid while slots are added
+and dropped. When a pool is full, every live slot is copied into new pools of twice the live size: growth and
+compaction in one.
 
 Callers serialise add and drop (ngram_rl holds its index lock); `view` may be read from any thread.
-Memory: a second copy of the held indexes' arrays (4 bytes a history token, 8 a continuable end, 12 a pair,
-16-32 a distinct pair or token in the directories), at most twice their size.
+Memory: the held indexes' arrays a second time (4 bytes a history token, 8 a continuable end, 12 a pair) and their
+directories (16-32 bytes a distinct pair or token), at most twice their size.
 """
 
 from __future__ import annotations
@@ -19,9 +21,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-_FIELDS = ((0,), (1, 2), (3, 4), (5,), (6,))  # which of an index's seven arrays each pool holds
+from verl_ext.speculation import run_directory
+
+_FIELDS = ((0,), (1, 2), (3, 4), (5,), (6,))  # which of a slot's seven arrays each pool holds
 _DTYPES = (np.int32, np.int32, np.int32, np.int64, np.int32, np.int32, np.int32)
 _BOUNDS = 2 * len(_FIELDS)  # columns of `bounds`
+_COPIED = 3  # the first three pools take copies; the last two, the directories, are built in place
+_KEYS = (3, 1)  # the sorted keys each directory is over: pair keys, end tokens
 
 
 class ArenaView(NamedTuple):
@@ -39,65 +45,80 @@ class PromptArena:
     def __init__(self):
         self._arrays: list[np.ndarray] = [np.zeros(0, dtype=dtype) for dtype in _DTYPES]
         self._used = [0] * len(_FIELDS)  # per pool
-        self._sources: list[tuple[np.ndarray, ...] | None] = []  # slot -> its six arrays (None: free)
+        self._slots: list[tuple[np.ndarray, ...] | None] = []  # slot -> its seven arrays (None: free)
         self._free: list[int] = []
         self.view = ArenaView(*self._arrays, np.zeros((0, _BOUNDS), dtype=np.int64))
 
     def __len__(self) -> int:
-        return len(self._sources) - len(self._free)
+        return len(self._slots) - len(self._free)
 
     def add(self, arrays: tuple[np.ndarray, ...]) -> int:
-        """A slot holding (history, end tokens, ends by token, pair keys, pair positions, pair directory, token
-        directory)."""
+        """A slot holding (history, end tokens, ends by token, pair keys, pair positions) and the directories of the
+        pair keys' and the end tokens' runs."""
         arrays = tuple(np.asarray(a, dtype=dtype) for a, dtype in zip(arrays, _DTYPES))
-        slot = self._free.pop() if self._free else len(self._sources)
-        if slot == len(self._sources):
-            self._sources.append(None)
-        self._sources[slot] = arrays
-        sizes = [len(arrays[fields[0]]) for fields in _FIELDS]
-        if any(used + size > len(self._arrays[fields[0]])
-               for used, size, fields in zip(self._used, sizes, _FIELDS)):
-            self._rebuild()  # copies this slot too
-            return slot
+        sizes = [len(arrays[fields[0]]) for fields in _FIELDS[:_COPIED]]
+        sizes += [run_directory.size(arrays[keys]) for keys in _KEYS]
+        if any(used + size > len(pool) for used, size, pool in zip(self._used, sizes, self._pools())):
+            self._rebuild(sizes)
+        slot = self._free.pop() if self._free else len(self._slots)
+        if slot == len(self._slots):
+            self._slots.append(None)
         bounds = self._grown_bounds()
-        bounds[slot] = self._place(arrays)
+        row = bounds[slot] = self._reserve(sizes)
+        directories = [self._arrays[5 + d][row[2 * pool]: row[2 * pool + 1]]
+                       for d, pool in enumerate(range(_COPIED, len(_FIELDS)))]
+        for directory, keys in zip(directories, _KEYS):  # built where the kernel reads it
+            run_directory.fill(arrays[keys], directory)
+        self._slots[slot] = (*arrays, *directories)
+        self._copy(self._slots[slot], row, _COPIED)
         self.view = ArenaView(*self._arrays, bounds)
         return slot
 
     def drop(self, slot: int) -> None:
         """Free a slot (its space is reclaimed by the next rebuild)."""
-        self._sources[slot] = None
+        self._slots[slot] = None
         self._free.append(slot)
         bounds = self.view.bounds.copy()
         bounds[slot] = 0
         self.view = ArenaView(*self._arrays, bounds)
 
-    def _place(self, arrays: tuple[np.ndarray, ...]) -> list[int]:
-        """Copy one slot's arrays past the pools' used lengths; its bounds row."""
+    def _pools(self) -> list[np.ndarray]:
+        return [self._arrays[fields[0]] for fields in _FIELDS]
+
+    def _reserve(self, sizes: list[int]) -> list[int]:
+        """Room for a slot of these pool sizes past the pools' used lengths; its bounds row."""
         row = []
-        for pool, fields in enumerate(_FIELDS):
-            start = self._used[pool]
-            stop = start + len(arrays[fields[0]])
-            for field in fields:
-                self._arrays[field][start:stop] = arrays[field]
-            self._used[pool] = stop
-            row += [start, stop]
+        for pool, size in enumerate(sizes):
+            row += [self._used[pool], self._used[pool] + size]
+            self._used[pool] += size
         return row
 
+    def _copy(self, arrays: tuple[np.ndarray, ...], row: list[int], pools: int) -> None:
+        """Copy a slot's arrays of the first `pools` pools where its bounds row says."""
+        for pool, fields in enumerate(_FIELDS[:pools]):
+            for field in fields:
+                self._arrays[field][row[2 * pool]: row[2 * pool + 1]] = arrays[field]
+
     def _grown_bounds(self) -> np.ndarray:
-        bounds = np.zeros((len(self._sources), _BOUNDS), dtype=np.int64)
+        bounds = np.zeros((len(self._slots), _BOUNDS), dtype=np.int64)
         bounds[: len(self.view.bounds)] = self.view.bounds
         return bounds
 
-    def _rebuild(self) -> None:
-        live = [arrays for arrays in self._sources if arrays is not None]
+    def _rebuild(self, room: list[int]) -> None:
+        """New pools of twice the live slots' size and `room` more, the live slots copied in (the old pools stay
+        as they are: an older view still reads them)."""
+        live = [arrays for arrays in self._slots if arrays is not None]
         for pool, fields in enumerate(_FIELDS):
-            size = 2 * sum(len(arrays[fields[0]]) for arrays in live)
+            size = 2 * (sum(len(arrays[fields[0]]) for arrays in live) + room[pool])
             for field in fields:
-                self._arrays[field] = np.zeros(max(size, 1024), dtype=_DTYPES[field])
+                self._arrays[field] = np.empty(max(size, 1024), dtype=_DTYPES[field])  # written before read
         self._used = [0] * len(_FIELDS)
-        bounds = np.zeros((len(self._sources), _BOUNDS), dtype=np.int64)
-        for slot, arrays in enumerate(self._sources):
+        bounds = np.zeros((len(self._slots), _BOUNDS), dtype=np.int64)
+        for slot, arrays in enumerate(self._slots):
             if arrays is not None:
-                bounds[slot] = self._place(arrays)
+                row = bounds[slot] = self._reserve([len(arrays[fields[0]]) for fields in _FIELDS])
+                self._copy(arrays, row, len(_FIELDS))
+                # the directories read from the new pools: a slot's arrays keep no old pool alive
+                self._slots[slot] = (*arrays[:5], *(self._arrays[5 + d][row[2 * pool]: row[2 * pool + 1]]
+                                                    for d, pool in enumerate(range(_COPIED, len(_FIELDS)))))
         self.view = ArenaView(*self._arrays, bounds)

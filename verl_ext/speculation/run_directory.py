@@ -3,7 +3,8 @@
 ngram_rl's batch kernel looks up each row's last pair (and, where the pair never occurs, its last token) in the
 prompt index's sorted keys. A binary search over a few thousand keys is a dozen dependent loads, each a cache
 miss once a forward or the scheduler has run in between; the directory turns that into a probe of one slot and a
-check of the key it points at. It is built once per index version (with the sorted arrays it points into).
+check of the key it points at. It is built once per index version, in place in the PromptArena that holds the
+sorted arrays it points into.
 
 The directory is a flat int32 array of 2T entries (T a power of two, at least twice the distinct keys): slot s
 holds (start, count) of one key's run in the sorted array, start = -1 when empty. Linear probing from the key's
@@ -25,18 +26,24 @@ def _slot(key, mask):
 
 
 @njit(**_JIT)
-def build(sorted_keys):
-    """[2T] int32 directory of sorted_keys' runs (see the module docstring)."""
-    n = len(sorted_keys)
+def size(sorted_keys):
+    """Entries (2T) of sorted_keys' directory."""
     distinct = 0
-    for i in range(n):
+    for i in range(len(sorted_keys)):
         if i == 0 or sorted_keys[i] != sorted_keys[i - 1]:
             distinct += 1
-    size = 2
-    while size < 2 * distinct:
-        size *= 2
-    directory = np.full(2 * size, -1, dtype=np.int32)
-    mask = size - 1
+    slots = 2
+    while slots < 2 * distinct:
+        slots *= 2
+    return 2 * slots
+
+
+@njit(**_JIT)
+def fill(sorted_keys, directory):
+    """Write sorted_keys' directory into `directory` ([size(sorted_keys)] int32, any contents)."""
+    directory[:] = -1
+    mask = len(directory) // 2 - 1
+    n = len(sorted_keys)
     i = 0
     while i < n:
         stop = i + 1
@@ -48,6 +55,12 @@ def build(sorted_keys):
         directory[2 * s] = i
         directory[2 * s + 1] = stop - i
         i = stop
+
+
+def build(sorted_keys: np.ndarray) -> np.ndarray:
+    """[2T] int32 directory of sorted_keys' runs (see the module docstring)."""
+    directory = np.empty(size(sorted_keys), dtype=np.int32)
+    fill(sorted_keys, directory)
     return directory
 
 

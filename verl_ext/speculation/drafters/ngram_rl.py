@@ -336,9 +336,11 @@ class NgramRLDrafter(Drafter):
             if previous is not None and previous.index.version == version:
                 self._indexes.move_to_end(prompt_key)
                 return previous
-        changed = None if previous is None else self.cache.changed_tokens(prompt_key, previous.index.version, version)
-        carried = None if changed is None else previous.index.carry_over(changed)
-        index = PromptIndex(history, version, self.min_n, self.max_n, self._votes, carried)
+        change = None if previous is None else self.cache.change_since(prompt_key, previous.index.version, version)
+        if change is None:
+            index = PromptIndex(history, version, self.min_n, self.max_n, self._votes)
+        else:  # from the version before: no sort of the whole history
+            index = previous.index.advanced(history, version, change)
         with self._indexes_lock:
             indexed = _IndexedPrompt(index, OutcomeLevels(index), self._arena.add(index.kernel_arrays()))
             replaced = self._indexes.pop(prompt_key, None)  # a version before, or this one built by another thread
