@@ -1,7 +1,7 @@
 """Drafting cost per row and decode step: ngram_rl's NumPy/Python reference, ngram_rl compiled, vLLM's `ngram`.
 
     python benchmarks/drafting_cost.py [--batches 64,256,1024] [--steps 30] [--no-vllm] [--evict-mb 64]
-                                       [--finishing 4]
+                                       [--finishing 4] [--rounds 5]
 
 The workload (issue 29's): vocabulary 32k, 32 prompts each with 16 recent responses of 400 tokens in ngram_rl's
 history, and B rows, each following an edited copy of one of its prompt's answers (a policy that has converged
@@ -294,6 +294,9 @@ def main() -> None:
                         help="write this many MB before each timed step (0: caches as the last step left them)")
     parser.add_argument("--finishing", type=int, default=0,
                         help="rows a step whose requests finish and start again (their prompt's history changes)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure each batch size this many times, ours and vLLM's in turn: medians, and the "
+                             "proposer / vllm_prop ratio of each round (this host's speed drifts within seconds)")
     parser.add_argument("--vllm-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.evict_mb:
@@ -306,17 +309,32 @@ def main() -> None:
     print(f"{'batch':>5} {'method':>9} | {'step ms':>8} {'us/row':>7} {'tok/row':>7} | {'decode ms':>9} {'share':>6}")
     for batch in map(int, args.batches.split(",")):
         decode = decode_step_s(batch)
-        results = {method: replay(method, batch, args.steps, args.warmup, args.finishing) for method in METHODS}
-        for method in METHODS[1:]:
-            if results[method]["drafts"] != results["reference"]["drafts"]:
-                print(f"batch {batch}: {method}'s drafts differ from the reference's")  # the tests hold them equal
-        if use_vllm:
-            results.update(run_vllm(batch, results["compiled"]["lengths"]))
+        rounds = [measure(batch, args, use_vllm) for _ in range(args.rounds)]
+        results = {method: {key: statistics.median(r[method][key] for r in rounds) for key in SUMMARY}
+                   for method in rounds[0]}
         for method, r in results.items():
             print(f"{batch:>5} {method:>9} | {1e3 * r['step_s']:>8.2f} {r['per_row_us']:>7.2f} "
                   f"{r['tokens_per_row']:>7.2f} | {1e3 * decode:>9.2f} {r['step_s'] / decode:>6.1%}")
         print(f"{batch:>5} (ngram_rl also takes in the siblings' outputs once a round, observe_live, us/row: "
               f"from requests {results['compiled']['live_us']:.2f}, from the matrix {results['matrix']['live_us']:.2f})")
+        if "vllm_prop" in results:
+            ratios = [r["proposer"]["step_s"] / r["vllm_prop"]["step_s"] for r in rounds]
+            print(f"{batch:>5} proposer / vllm_prop, each round: {' '.join(f'{x:.2f}' for x in ratios)} "
+                  f"(median {statistics.median(ratios):.2f})")
+
+
+SUMMARY = ("step_s", "per_row_us", "tokens_per_row", "live_us")
+
+
+def measure(batch: int, args, use_vllm: bool) -> dict:
+    """One round: every method at this batch size, then vLLM's (in its own process), one after the other."""
+    results = {method: replay(method, batch, args.steps, args.warmup, args.finishing) for method in METHODS}
+    for method in METHODS[1:]:
+        if results[method]["drafts"] != results["reference"]["drafts"]:
+            print(f"batch {batch}: {method}'s drafts differ from the reference's")  # the tests hold them equal
+    if use_vllm:
+        results.update(run_vllm(batch, results["compiled"]["lengths"]))
+    return {method: {key: r.get(key) or 0.0 for key in SUMMARY} for method, r in results.items()}
 
 
 if __name__ == "__main__":

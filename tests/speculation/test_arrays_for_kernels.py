@@ -170,3 +170,27 @@ def test_live_outputs_from_a_token_matrix_equal_those_from_requests():
             assert (want is None and got is None) or want.tolist() == got.tolist(), key
             if want is not None:
                 assert from_matrix.version(key) > 0
+
+
+def test_live_outputs_versions_change_for_every_prompt_a_round_holds_or_held():
+    """take_rows gives every prompt it holds now or held the round before a new version (kept lazily); a prompt
+    in neither has 0; update after it changes every prompt it holds, and the others go back to 0."""
+    from verl_ext.speculation import DraftRequest
+    from verl_ext.speculation.drafters.base import TokenRows
+    from verl_ext.speculation.live_outputs import LiveOutputs
+
+    live = LiveOutputs()
+
+    def take(keys):
+        matrix = np.arange(len(keys) * 6, dtype=np.int32).reshape(len(keys), 6)
+        live.take_rows(np.asarray(keys, dtype=np.int64), TokenRows(matrix, np.arange(len(keys)),
+                                                                   np.full(len(keys), 6), np.full(len(keys), 2)))
+
+    take([1, 2])
+    first = live.version(1)
+    assert first > 0 and live.version(2) == first and live.version(3) == 0
+    take([2, 3])
+    second = live.version(3)
+    assert second > first and live.version(1) == live.version(2) == second and live.version(4) == 0
+    live.update([DraftRequest(0, 3, [0], [5, 6])])
+    assert live.version(3) > second and live.version(1) == live.version(2) == 0

@@ -214,7 +214,7 @@ def batch_drafts(batch_rows, tokens, token_rows, lens, budgets, slots, prompt_ar
     global_buf, global_prev, global_heads, global_bits, global_base, global_start, global_n = global_arrays
     ends = np.empty(1024, dtype=np.int64)  # candidates of the source being matched; grown as needed
     best_ends = np.empty(1024, dtype=np.int64)  # the winning fallback's longest matches
-    own = np.full(tokens.shape[1] + 1 + PAD, SEP, dtype=np.int32)  # [SEP, row's context, SEP * PAD]
+    own = np.full(0, SEP, dtype=np.int32)  # [SEP, row's context, SEP * PAD]; sized at its first use
     alive = np.empty(MAX_CANDIDATES, dtype=np.int64)  # the vote's scratch
     if use_prompt:
         _touch_prompt_paths(batch_rows, tokens, token_rows, lens, slots, prompt_arena, max_n)
@@ -251,6 +251,8 @@ def batch_drafts(batch_rows, tokens, token_rows, lens, budgets, slots, prompt_ar
                 best, best_source, best_found, best_history = longest, _SIBLINGS, found, siblings
                 best_ends, ends = ends, best_ends
         if use_self and n >= fallback_min:
+            if len(own) < 1 + length + PAD:  # vLLM's matrix is max_model_len wide: not one of those a call
+                own = np.full(2 * (1 + length + PAD), SEP, dtype=np.int32)
             own[1: 1 + length] = row_tokens[:length]
             own[1 + length: 1 + length + PAD] = SEP
             mine = own[: 1 + length + PAD]

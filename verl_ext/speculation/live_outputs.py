@@ -12,7 +12,6 @@ prefetch runs (speculator.py), as the history is.
 
 from __future__ import annotations
 
-import itertools
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -102,6 +101,9 @@ class LiveOutputs:
         self._sequences: dict[int, _Sequence] = {}  # seq_id -> its output so far
         self.layout = EMPTY_LAYOUT
         self._versions: dict[int, int] = {}  # prompt key -> clock value of its last change
+        # take_rows' versions, kept as (clock, the keys held now, the keys held before) and looked up only when
+        # asked: only the prefetcher asks, and vLLM's route drafts without one by default
+        self._taken: tuple[int, np.ndarray, np.ndarray] | None = None
         self._clock = 0
 
     def __len__(self) -> int:
@@ -109,6 +111,9 @@ class LiveOutputs:
 
     def update(self, requests: Sequence[DraftRequest]) -> None:
         """The round's in-flight sequences, all of them."""
+        # after take_rows (which keeps no sequences) every prompt held from here on changes, and the rest have
+        # nothing in flight: none of its versions lives on
+        self._taken = None
         changed: set[int] = set()
         current = set()
         for request in requests:
@@ -156,7 +161,7 @@ class LiveOutputs:
         when a draft could). The per-sequence buffers of `update` are dropped: the matrix is whole each round."""
         layout = LiveLayout(*_lay_out_rows(prompt_keys, rows.token_ids, rows.rows, rows.prompt_lengths, rows.lengths))
         self._clock += 1
-        self._versions = dict.fromkeys(itertools.chain(layout.keys.tolist(), self.layout.keys.tolist()), self._clock)
+        self._taken, self._versions = (self._clock, layout.keys, self.layout.keys), {}
         self._sequences.clear()
         self.layout = layout
 
@@ -165,9 +170,18 @@ class LiveOutputs:
         return self.layout.block(prompt_key)
 
     def version(self, prompt_key: int) -> int:
+        taken = self._taken
+        if taken is not None and (_holds(taken[1], prompt_key) or _holds(taken[2], prompt_key)):
+            return taken[0]
         return self._versions.get(prompt_key, 0)
 
     def clear(self) -> None:
         self._sequences.clear()
         self.layout = EMPTY_LAYOUT
         self._versions.clear()
+        self._taken = None
+
+
+def _holds(sorted_keys: np.ndarray, key: int) -> bool:
+    at = int(np.searchsorted(sorted_keys, key))
+    return at < len(sorted_keys) and sorted_keys[at] == key

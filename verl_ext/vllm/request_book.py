@@ -90,10 +90,11 @@ class _Rows(NamedTuple):
     slots: np.ndarray  # [B] int64 their rows in RequestTokens
     keys: np.ndarray  # [B] int64 their prompt keys
     prompts: tuple[list[int], np.ndarray]  # distinct_prompts(keys)
+    everyone: np.ndarray  # [B] int64 0..B-1
 
 
-_NO_ROWS = _Rows([], [], [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
-                 ([], np.zeros(0, dtype=np.int64)))
+_NONE = np.zeros(0, dtype=np.int64)
+_NO_ROWS = _Rows([], [], [], _NONE, _NONE, ([], _NONE), _NONE)
 
 
 class RequestBook:
@@ -122,20 +123,21 @@ class RequestBook:
         num_rows = len(sampled_token_ids)
         new_batch = self._sync_rows(rows, num_rows, live)
         requests, slots, keys = self._rows.requests, self._rows.slots, self._rows.keys
-        num_tokens = np.asarray(rows.num_tokens[:num_rows], dtype=np.int64)  # [B]
-        batch_rows = np.arange(num_rows)  # the in-flight rows as vLLM holds them: the drafter reads them there
-        self._tokens.catch_up(slots, rows.token_ids, num_tokens)
-        in_flight_rows = TokenRows(rows.token_ids, batch_rows, num_tokens,
+        sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=num_rows)  # [B]
+        num_tokens, budgets, to_draft = self._tokens.step(slots, rows.token_ids, rows.num_tokens, sampled,
+                                                          self.num_draft_tokens)
+        # the in-flight rows as vLLM holds them: the drafter reads them there
+        in_flight_rows = TokenRows(rows.token_ids, self._rows.everyone, num_tokens,
                                    np.asarray(rows.num_prompt_tokens[:num_rows], np.int64))
         if new_batch:
             self._take_in(live, keys, in_flight_rows)
-        budgets = np.minimum(self.num_draft_tokens, self.max_model_len - num_tokens - 1)  # [B]
-        sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=num_rows) > 0
-        to_draft = np.flatnonzero(sampled & (budgets > 0))  # an empty sampled entry is a prompt still prefilling
         if self.prefetcher is None:  # ngram_rl drafts the batch in one compiled call from vLLM's token matrix
-            tokens, sizes, sources = self.drafter.draft_rows(
-                keys[to_draft], budgets[to_draft], TokenRows(rows.token_ids, to_draft, num_tokens[to_draft]),
-                self._rows.prompts if len(to_draft) == num_rows else None)  # most steps every row drafts
+            if len(to_draft) == num_rows:  # most steps: every row drafts
+                tokens, sizes, sources = self.drafter.draft_rows(
+                    keys, budgets, TokenRows(rows.token_ids, to_draft, num_tokens), self._rows.prompts)
+            else:
+                tokens, sizes, sources = self.drafter.draft_rows(
+                    keys[to_draft], budgets[to_draft], TokenRows(rows.token_ids, to_draft, num_tokens[to_draft]))
             self._take_in(live, keys, in_flight_rows)
             proposed = _draft_lists(tokens, sizes)
         else:
@@ -143,7 +145,7 @@ class RequestBook:
             proposed, sizes, sources = self._collect(draft_requests, budgets[to_draft].tolist())
             self._take_in(live, keys, in_flight_rows)
             self.prefetcher.submit(draft_requests, proposed)
-        self._tokens.handed(slots[to_draft], sources, sizes)
+        self._tokens.handed(slots, to_draft, sources, sizes)
         if len(proposed) == num_rows:  # every row drafted (most steps)
             return proposed
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
@@ -168,7 +170,8 @@ class RequestBook:
         requests = [self._request(rows, i, req_id, handle) for i, (req_id, handle) in enumerate(zip(ids, handles))]
         slots = np.fromiter((r.slot for r in requests), dtype=np.int64, count=num_rows)
         keys = np.fromiter((r.key for r in requests), dtype=np.int64, count=num_rows)
-        self._rows = _Rows(list(ids), handles, requests, slots, keys, distinct_prompts(keys))
+        self._rows = _Rows(list(ids), handles, requests, slots, keys, distinct_prompts(keys),
+                           np.arange(num_rows, dtype=np.int64))
         self._rows_current = num_rows > 0
         self._out_of_batch = {req_id for req_id in self._requests if req_id not in in_batch}
         return new_batch
@@ -227,11 +230,8 @@ class RequestBook:
 
 def _draft_lists(tokens: np.ndarray, sizes: np.ndarray) -> list[list[int]]:
     """Row b's first sizes[b] tokens as a list, for each row: what vLLM takes from a proposer. One conversion of
-    the matrix, then each row's list cut short in place (fewer list operations than slicing out the drafts)."""
-    drafts = tokens.tolist()
-    for draft, size in zip(drafts, sizes.tolist()):
-        del draft[size:]
-    return drafts
+    the matrix, then a slice of each row's list."""
+    return [draft[:size] for draft, size in zip(tokens.tolist(), sizes.tolist())]
 
 
 def _final_output(handle: object, tracked: list[int]) -> list[int]:

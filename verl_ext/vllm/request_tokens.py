@@ -38,6 +38,24 @@ def _catch_up(tokens, lengths, draft_sources, draft_lengths, slots, token_ids, n
         lengths[slot] = num_tokens[b]
 
 
+@njit(nogil=True, cache=True)
+def _step(tokens, lengths, draft_sources, draft_lengths, slots, token_ids, num_tokens, sampled, num_draft_tokens,
+          tally):
+    """_catch_up, then each row's draft budget: ([B] int64 tokens, [B] budgets, the rows to draft)."""
+    counts = num_tokens[: len(slots)].astype(np.int64)
+    _catch_up(tokens, lengths, draft_sources, draft_lengths, slots, token_ids, counts, tally)
+    budgets = np.minimum(num_draft_tokens, tokens.shape[1] - 1 - counts)  # room before max_model_len - 1
+    to_draft = np.flatnonzero((sampled > 0) & (budgets > 0))  # nothing sampled: a prompt still prefilling
+    return counts, budgets, to_draft
+
+
+@njit(nogil=True, cache=True)
+def _handed(draft_sources, draft_lengths, slots, rows, sources, sizes):
+    for i in range(len(rows)):
+        draft_sources[slots[rows[i]]] = sources[i]
+        draft_lengths[slots[rows[i]]] = sizes[i]
+
+
 class RequestTokens:
     def __init__(self, max_model_len: int, num_sources: int, capacity: int = 16):
         self.tokens = np.zeros((capacity, max_model_len), dtype=np.int32)  # [capacity, max_model_len]
@@ -67,15 +85,23 @@ class RequestTokens:
         _catch_up(self.tokens, self.lengths, self.draft_sources, self.draft_lengths, slots, token_ids, num_tokens,
                   self.tally)
 
+    def step(self, slots: np.ndarray, token_ids: np.ndarray, num_tokens: np.ndarray, sampled: np.ndarray,
+             num_draft_tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """catch_up for rows 0..len(slots)-1, and what each may draft, in one compiled call: ([B] int64 tokens,
+        [B] budgets: min(num_draft_tokens, tokens left before max_model_len - 1), the rows that drafts, those
+        with a budget that sampled a token: ``sampled`` [B] how many)."""
+        return _step(self.tokens, self.lengths, self.draft_sources, self.draft_lengths, slots, token_ids,
+                     num_tokens, sampled, num_draft_tokens, self.tally)
+
     def take_tally(self) -> np.ndarray:
         """[num_sources, 3] (drafts, drafted tokens, accepted tokens) by source verified since the last call."""
         tally, self.tally = self.tally, np.zeros_like(self.tally)
         return tally
 
-    def handed(self, slots: np.ndarray, sources: np.ndarray, lengths: np.ndarray) -> None:
-        """The drafts handed to vLLM this step for those requests: verified by the next step that sees them grow."""
-        self.draft_sources[slots] = sources
-        self.draft_lengths[slots] = lengths
+    def handed(self, slots: np.ndarray, rows: np.ndarray, sources: np.ndarray, lengths: np.ndarray) -> None:
+        """The drafts handed to vLLM this step for the requests slots[rows]: verified by the next step that sees
+        them grow."""
+        _handed(self.draft_sources, self.draft_lengths, slots, rows, sources, lengths)
 
     def output(self, slot: int) -> list[int]:
         return self.tokens[slot, self.prompt_lengths[slot]: self.lengths[slot]].tolist()
