@@ -102,7 +102,6 @@ class RequestBook:
                  prefetcher: DraftPrefetcher | None = None):
         self.drafter = drafter
         self.num_draft_tokens = num_draft_tokens
-        self.max_model_len = max_model_len
         self.prefetcher = prefetcher
         self._requests: dict[str, _Request] = {}  # in the batch, or out of it but live
         self._tokens = RequestTokens(max_model_len, len(SOURCES))  # drafts' sources index SOURCES

@@ -2,7 +2,7 @@
 what RequestBook feeds the history when a request finishes (after vLLM has given its InputBatch row to another
 request), and what the next step counts as verified.
 
-A step is one compiled call over the batch (`catch_up`), O(new tokens) a step; Python touches a request only
+A step is one compiled call over the batch (`step`), O(new tokens) a step; Python touches a request only
 when it joins or leaves. Memory: max_model_len int32 per request tracked (in the batch, or out of it but live),
 as vLLM's own InputBatch holds for each row; rows are allocated as requests arrive, doubling.
 
@@ -51,6 +51,7 @@ def _step(tokens, lengths, draft_sources, draft_lengths, slots, token_ids, num_t
 
 @njit(nogil=True, cache=True)
 def _handed(draft_sources, draft_lengths, slots, rows, sources, sizes):
+    """The draft of request slots[rows[i]] came from sources[i] and holds sizes[i] tokens."""
     for i in range(len(rows)):
         draft_sources[slots[rows[i]]] = sources[i]
         draft_lengths[slots[rows[i]]] = sizes[i]
@@ -64,11 +65,11 @@ class RequestTokens:
         # the draft handed to vLLM for the request, until the next step verifies it: its source and length
         self.draft_sources = np.zeros(capacity, dtype=np.int64)  # [capacity]
         self.draft_lengths = np.full(capacity, NOT_VERIFYING, dtype=np.int64)  # [capacity]
-        self.tally = np.zeros((num_sources, 3), dtype=np.int64)  # catch_up's counts since take_tally
+        self.tally = np.zeros((num_sources, 3), dtype=np.int64)  # step's counts since take_tally
         self._free = list(range(capacity - 1, -1, -1))  # popped from the end: lowest slot first
 
     def add(self, prompt_length: int) -> int:
-        """A slot for a new request of that prompt length, empty until its first catch_up."""
+        """A slot for a new request of that prompt length, empty until its first step."""
         if not self._free:
             self._grow()
         slot = self._free.pop()
@@ -79,17 +80,12 @@ class RequestTokens:
     def release(self, slot: int) -> None:
         self._free.append(slot)
 
-    def catch_up(self, slots: np.ndarray, token_ids: np.ndarray, num_tokens: np.ndarray) -> None:
-        """Request slots[b] now holds the first num_tokens[b] tokens of token_ids' row b; the drafts this step
-        verified are counted into ``tally``."""
-        _catch_up(self.tokens, self.lengths, self.draft_sources, self.draft_lengths, slots, token_ids, num_tokens,
-                  self.tally)
-
     def step(self, slots: np.ndarray, token_ids: np.ndarray, num_tokens: np.ndarray, sampled: np.ndarray,
              num_draft_tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """catch_up for rows 0..len(slots)-1, and what each may draft, in one compiled call: ([B] int64 tokens,
-        [B] budgets: min(num_draft_tokens, tokens left before max_model_len - 1), the rows that drafts, those
-        with a budget that sampled a token: ``sampled`` [B] how many)."""
+        """One compiled call a step: request slots[b] now holds the first num_tokens[b] tokens of token_ids' row b
+        (the drafts this step verified are counted into ``tally``), and what each row may draft: ([B] int64
+        tokens, [B] budgets: min(num_draft_tokens, tokens left before max_model_len - 1), the rows that draft:
+        those with a budget that sampled a token, ``sampled`` [B] how many)."""
         return _step(self.tokens, self.lengths, self.draft_sources, self.draft_lengths, slots, token_ids,
                      num_tokens, sampled, num_draft_tokens, self.tally)
 
