@@ -65,8 +65,7 @@ class PromptArena:
             self._slots.append(None)
         bounds = self._grown_bounds()
         row = bounds[slot] = self._reserve(sizes)
-        directories = [self._arrays[5 + d][row[2 * pool]: row[2 * pool + 1]]
-                       for d, pool in enumerate(range(_COPIED, len(_FIELDS)))]
+        directories = self._directories(row)
         for directory, keys in zip(directories, _KEYS):  # built where the kernel reads it
             run_directory.fill(arrays[keys], directory)
         self._slots[slot] = (*arrays, *directories)
@@ -99,6 +98,11 @@ class PromptArena:
             for field in fields:
                 self._arrays[field][row[2 * pool]: row[2 * pool + 1]] = arrays[field]
 
+    def _directories(self, row: list[int]) -> list[np.ndarray]:
+        """A slot's two directories, as views of the pools its bounds row points into."""
+        return [self._arrays[fields[0]][row[2 * pool]: row[2 * pool + 1]]
+                for pool, fields in enumerate(_FIELDS) if pool >= _COPIED]
+
     def _grown_bounds(self) -> np.ndarray:
         bounds = np.zeros((len(self._slots), _BOUNDS), dtype=np.int64)
         bounds[: len(self.view.bounds)] = self.view.bounds
@@ -119,6 +123,5 @@ class PromptArena:
                 row = bounds[slot] = self._reserve([len(arrays[fields[0]]) for fields in _FIELDS])
                 self._copy(arrays, row, len(_FIELDS))
                 # the directories read from the new pools: a slot's arrays keep no old pool alive
-                self._slots[slot] = (*arrays[:5], *(self._arrays[5 + d][row[2 * pool]: row[2 * pool + 1]]
-                                                    for d, pool in enumerate(range(_COPIED, len(_FIELDS)))))
+                self._slots[slot] = (*arrays[:5], *self._directories(row))
         self.view = ArenaView(*self._arrays, bounds)
