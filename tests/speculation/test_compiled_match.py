@@ -11,6 +11,7 @@ import pytest
 from verl_ext.speculation import DraftRequest, SpeculationConfig, build_drafter, prompt_key
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
 from verl_ext.speculation.drafters.base import TokenRows, source_of
+from verl_ext.speculation.drafters.ngram_rl import distinct_prompts
 
 
 def _tokens(rng: random.Random, vocab: int, n: int) -> list[int]:
@@ -97,3 +98,14 @@ def test_a_dropped_vote_rule_is_caught():
     assert out[0, :size].tolist() == want == [4]
     size = compiled_match.vote(history, ends[::-1].copy(), out, 0)  # the wrong order: oldest taken as newest
     assert out[0, :size].tolist() != want
+
+
+def test_distinct_prompts_equal_numpys_unique():
+    # the rows' prompt keys as a batch has them: 63-bit hashes in groups, shuffled, and the edge sizes
+    rng = np.random.default_rng(5)
+    for size in (0, 1, 2, 64, 1000):
+        keys = rng.integers(0, 1 << 63, max(1, size // 8), dtype=np.int64).repeat(8)[:size]
+        rng.shuffle(keys)
+        unique, places = distinct_prompts(keys)
+        expected, inverse = np.unique(keys, return_inverse=True)
+        assert unique == expected.tolist() and places.tolist() == inverse.ravel().tolist()

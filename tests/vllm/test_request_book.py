@@ -6,6 +6,8 @@ one step, a preempted request): vLLM's InputBatch and model runner are plain sta
 ``propose`` as vLLM's ``custom_class`` branch does (sampled tokens, num_tokens_no_spec, token_ids_cpu).
 """
 
+from types import SimpleNamespace
+
 import pytest
 from verl_ext_testing import PROMPT_ONLY
 from vllm_standins import InputBatchStandIn, RunnerStandIn, vllm_config_standin
@@ -108,6 +110,19 @@ def test_each_request_feeds_the_history_once():
     for _ in range(3):
         engine.step([("c", Q, [9])])
     assert engine.cached_responses == 2
+
+
+@pytest.mark.parametrize("vllm_holds, expected", [(R, [13, 14, 15, 16]), ([99] * 7, [13])])
+def test_a_response_is_fed_whole_where_vllm_holds_more_of_it(vllm_holds, expected):
+    # vLLM skips propose in some steps (near max_model_len), so the book last saw R[:4] of a's response; vLLM's own
+    # state object holds all of it and is taken, unless it disagrees with what the book saw
+    engine = Engine()
+    handle = SimpleNamespace(output_token_ids=R[:4])
+    engine.runner.requests = {"a": handle}
+    engine.step([("a", P, R[:4])])
+    handle.output_token_ids = list(vllm_holds)
+    engine.step([("b", P, R[:2])])  # a finished: its response joins after this step's drafts
+    assert engine.step([("b", P, R[:3])]) == [expected]
 
 
 def test_request_that_produced_nothing_is_not_fed():

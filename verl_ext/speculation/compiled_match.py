@@ -279,3 +279,19 @@ def batch_drafts(batch_rows, tokens, token_rows, lens, budgets, slots, prompt_ar
 def vote(history, ends, drafts, row):
     """vote_continuation after ends ([n], oldest first) -> drafts[row]; its length."""
     return _vote(history, ends, len(ends), drafts, row, np.empty(MAX_CANDIDATES, dtype=np.int64))
+
+
+@njit(**_JIT)
+def distinct(keys):
+    """np.unique(keys, return_inverse=True) for int64 keys: (the distinct keys sorted, [B] each key's place among
+    them), at a fraction of its cost on a batch's few hundred rows."""
+    order = np.argsort(keys)
+    unique = np.empty(len(keys), dtype=np.int64)
+    places = np.empty(len(keys), dtype=np.int64)
+    count = 0
+    for i in order:
+        if count == 0 or unique[count - 1] != keys[i]:
+            unique[count] = keys[i]
+            count += 1
+        places[i] = count - 1
+    return unique[:count], places

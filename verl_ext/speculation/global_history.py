@@ -87,11 +87,12 @@ class GlobalHistory:
         return self.segments[0][0] if self.segments else self.end
 
     def append(self, response: Sequence[int]) -> None:
-        segment = np.asarray([SEP, *response], dtype=np.int32)
-        self._reserve(len(segment))
+        size = 1 + len(response)  # [SEP, response]
+        self._reserve(size)
         start = self.end
-        self.buf[start - self.base: start - self.base + len(segment)] = segment
-        self.end += len(segment)
+        self.buf[start - self.base] = SEP
+        self.buf[start - self.base + 1: start - self.base + size] = response
+        self.end += size
         self.segments.append((start, self.end))
         if 4 * self.num_tokens > 3 * len(self.heads):  # keep chains short: a bucket per live n-gram or more
             self._rehash(2 * len(self.heads))

@@ -29,6 +29,17 @@ _PADDING = np.full(PAD, SEP, dtype=np.int32)
 _LOG_LENGTH = 64  # changes remembered per prompt (a step adds n responses and drops as many)
 
 
+def _segment(*parts: Sequence[int] | np.ndarray) -> np.ndarray:
+    """[SEP, *parts...] int32, from lists or arrays alike (no per-token Python for an array)."""
+    segment = np.empty(1 + sum(map(len, parts)), dtype=np.int32)
+    segment[0] = SEP
+    at = 1
+    for part in parts:
+        segment[at: at + len(part)] = part
+        at += len(part)
+    return segment
+
+
 class _Change(NamedTuple):
     before: int  # the version it changed
     after: int  # the version it made
@@ -104,7 +115,8 @@ class HistoryCache:
         with self._lock:
             entry = self._entries.get(prompt_key)
             log = [] if entry is None else entry.log
-            start = next((i for i, change in enumerate(log) if change.before == since), None)
+            # from the newest back: a reader is most often a change or two behind
+            start = next((i for i in range(len(log) - 1, -1, -1) if log[i].before == since), None)
             if start is None:
                 return None
             first = log[start]
@@ -127,9 +139,9 @@ class HistoryCache:
 
     def add(self, prompt_key: int, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> None:
         tail = prompt_tokens[max(0, len(prompt_tokens) - self.tail_len):] if self.tail_len else ()
-        segment = np.array([SEP, *tail, *response_tokens], dtype=np.int32)
-        if len(segment) > self.max_tokens:
+        if 1 + len(tail) + len(response_tokens) > self.max_tokens:
             return  # a single response larger than the whole cache cannot be held
+        segment = _segment(tail, response_tokens)
         with self._lock:
             self._changes += 1
             entry = self._entries.pop(prompt_key, None)

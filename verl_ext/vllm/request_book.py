@@ -43,6 +43,7 @@ ever follow the stop).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from collections.abc import Container, Mapping, Sequence
@@ -77,8 +78,13 @@ class _Request:
     handle: object  # vLLM's state object of this request (runner.requests[req_id]): a reused id gets a new one
     seq_id: int
     key: int  # prompt_key(prompt)
-    prompt: list[int]  # [prompt_len]
+    prompt: np.ndarray  # [prompt_len] int32
     slot: int  # its row in RequestBook's RequestTokens
+
+    @functools.cached_property
+    def prompt_tokens(self) -> list[int]:
+        """The prompt as a list, for the prefetcher's per-request Python (only it asks)."""
+        return self.prompt.tolist()
 
 
 class _Rows(NamedTuple):
@@ -93,6 +99,7 @@ class _Rows(NamedTuple):
     everyone: np.ndarray  # [B] int64 0..B-1
 
 
+_SLOT, _KEY = operator.attrgetter("slot"), operator.attrgetter("key")
 _NONE = np.zeros(0, dtype=np.int64)
 _NO_ROWS = _Rows([], [], [], _NONE, _NONE, ([], _NONE), _NONE)
 
@@ -160,15 +167,19 @@ class RequestBook:
 
     def _sync_rows(self, rows: BatchRows, num_rows: int, live: Mapping[str, object]) -> bool:
         """Bring self._rows to this step's rows; True if they continue none of the last step's (a new batch)."""
-        ids, handles = rows.req_ids[:num_rows], [live.get(req_id) for req_id in rows.req_ids[:num_rows]]
+        ids = rows.req_ids[:num_rows]
+        handles = list(map(live.get, ids))
         last = self._rows
         if self._rows_current and ids == last.ids and all(map(operator.is_, handles, last.handles)):
             return False
         in_batch = set(ids)
         new_batch = in_batch.isdisjoint(last.ids)
-        requests = [self._request(rows, i, req_id, handle) for i, (req_id, handle) in enumerate(zip(ids, handles))]
-        slots = np.fromiter((r.slot for r in requests), dtype=np.int64, count=num_rows)
-        keys = np.fromiter((r.key for r in requests), dtype=np.int64, count=num_rows)
+        requests = list(map(self._requests.get, ids))
+        for i, request in enumerate(requests):  # most rows hold a request already tracked
+            if request is None or request.handle is not handles[i]:
+                requests[i] = self._request(rows, i, ids[i], handles[i])
+        slots = np.fromiter(map(_SLOT, requests), dtype=np.int64, count=num_rows)
+        keys = np.fromiter(map(_KEY, requests), dtype=np.int64, count=num_rows)
         self._rows = _Rows(list(ids), handles, requests, slots, keys, distinct_prompts(keys),
                            np.arange(num_rows, dtype=np.int64))
         self._rows_current = num_rows > 0
@@ -176,13 +187,12 @@ class RequestBook:
         return new_batch
 
     def _request(self, rows: BatchRows, i: int, req_id: str, handle: object) -> _Request:
+        """A new request at row i (the id may be one finished and resubmitted since the last step)."""
         request = self._requests.get(req_id)
-        if request is not None and request.handle is handle:
-            return request
         if request is not None:  # the id was finished and resubmitted within one step: a new request
             self._finish(request)
         num_prompt = int(rows.num_prompt_tokens[i])
-        prompt = rows.token_ids[i, :num_prompt].tolist()
+        prompt = rows.token_ids[i, :num_prompt].copy()  # the row is vLLM's, and goes to another request later
         slot = self._tokens.add(num_prompt)
         request = self._requests[req_id] = _Request(handle, next(self._seq_ids), prompt_key(prompt), prompt, slot)
         return request
@@ -197,7 +207,8 @@ class RequestBook:
                 np.asarray(sources, dtype=np.int64))
 
     def _draft_request(self, request: _Request) -> DraftRequest:
-        return DraftRequest(request.seq_id, request.key, request.prompt, self._tokens.output(request.slot))
+        return DraftRequest(request.seq_id, request.key, request.prompt_tokens,
+                            self._tokens.output(request.slot).tolist())
 
     def _take_in(self, live: Container[str], keys: np.ndarray, in_flight_rows: TokenRows) -> None:
         """Hand the drafter the responses that finished and the outputs still growing."""
@@ -223,23 +234,26 @@ class RequestBook:
             self.prefetcher.release([request.seq_id])
         output = _final_output(request.handle, self._tokens.output(request.slot))
         self._tokens.release(request.slot)
-        if output:
+        if len(output):
             self.drafter.observe(request.key, request.prompt, output)
 
 
 def _draft_lists(tokens: np.ndarray, sizes: np.ndarray) -> list[list[int]]:
     """Row b's first sizes[b] tokens as a list, for each row: what vLLM takes from a proposer. One conversion of
-    the matrix, then a slice of each row's list."""
-    return [draft[:size] for draft, size in zip(tokens.tolist(), sizes.tolist())]
+    the drafted tokens only (a batch drafts about two thirds of the matrix), then a slice of that list per row."""
+    flat = tokens[np.arange(tokens.shape[1]) < sizes[:, None]].tolist()  # row-major: row b's draft, then b + 1's
+    stops = np.cumsum(sizes).tolist()
+    return [flat[stop - size: stop] for stop, size in zip(stops, sizes.tolist())]
 
 
-def _final_output(handle: object, tracked: list[int]) -> list[int]:
+def _final_output(handle: object, tracked: np.ndarray) -> np.ndarray:
     """The whole response. In a step where vLLM skips ``propose`` the rows' new tokens go unread (vLLM 0.24.0's
     ``_input_fits_in_drafter`` skips it near max_model_len unless the proposer lifts that bound, as
     ``verl_ext.compat.vllm.lift_drafter_length_bound`` does), so a request finishing then was tracked only up to
     the step before. vLLM's own state object keeps every sampled token (``CachedRequestState.output_token_ids``,
     extended in ``_bookkeeping_sync``): take it when it extends ours."""
     final = getattr(handle, "output_token_ids", None)
-    if final is None or len(final) <= len(tracked) or list(final[: len(tracked)]) != tracked:
+    if final is None or len(final) <= len(tracked):
         return tracked
-    return [int(t) for t in final]
+    final = np.asarray(final, dtype=np.int32)
+    return final if np.array_equal(final[: len(tracked)], tracked) else tracked

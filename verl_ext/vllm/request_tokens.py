@@ -7,7 +7,7 @@ when it joins or leaves. Memory: max_model_len int32 per request tracked (in the
 as vLLM's own InputBatch holds for each row; rows are allocated as requests arrive, doubling.
 
 Owned by one RequestBook and used only on the thread that calls vLLM's ``propose`` (the model runner's); no lock.
-The prefetch thread never reads it: it gets DraftRequests whose outputs are copies (``output`` makes a list).
+The prefetch thread never reads it: it gets DraftRequests whose outputs are copies (``output`` copies).
 """
 
 from __future__ import annotations
@@ -99,8 +99,9 @@ class RequestTokens:
         them grow."""
         _handed(self.draft_sources, self.draft_lengths, slots, rows, sources, lengths)
 
-    def output(self, slot: int) -> list[int]:
-        return self.tokens[slot, self.prompt_lengths[slot]: self.lengths[slot]].tolist()
+    def output(self, slot: int) -> np.ndarray:
+        """[n] int32 the request's output so far (a copy: the slot is reused once released)."""
+        return self.tokens[slot, self.prompt_lengths[slot]: self.lengths[slot]].copy()
 
     def _grow(self) -> None:
         capacity = len(self.lengths)

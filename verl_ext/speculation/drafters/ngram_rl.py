@@ -70,7 +70,7 @@ def _prompt_keys(requests: Sequence[DraftRequest]) -> np.ndarray:
 
 def distinct_prompts(prompt_keys: np.ndarray) -> tuple[list[int], np.ndarray]:
     """(the distinct keys, [B] each row's place among them): what a batch's rows look up once per prompt."""
-    unique, row_prompt = np.unique(prompt_keys, return_inverse=True)
+    unique, row_prompt = compiled_match.distinct(np.asarray(prompt_keys, dtype=np.int64))
     return unique.tolist(), row_prompt
 
 
