@@ -86,9 +86,11 @@ def run_method(settings: dict, model_path, steps: list[list[list[int]]], n: int,
     params = SamplingParams(temperature=1.0, max_tokens=response_length, n=n)
     records = []
     try:
-        # warm-up (vLLM's ngram proposer compiles with numba on its first calls) on a prompt of no step's
+        # warm-up on a prompt of no step's: vLLM's ngram proposer and ngram_rl compile with numba on their first
+        # calls (or load the environment's cache); twice, so that ngram_rl's prompt index is built and advanced too
         warm_up = [{"prompt_token_ids": steps[0][0][::-1]}]
-        llm.generate(warm_up, SamplingParams(temperature=1.0, max_tokens=response_length, n=n), use_tqdm=False)
+        for _ in range(2):
+            llm.generate(warm_up, SamplingParams(temperature=1.0, max_tokens=response_length, n=n), use_tqdm=False)
         for prompts in steps:
             before, clock = spec_totals(llm), (llm.collective_rpc(_read_clock)[0] if timed else [0.0, 0])
             start = time.perf_counter()

