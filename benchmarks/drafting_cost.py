@@ -21,6 +21,10 @@ tokens drafted per row and step, for
                context (prompt + output) at the same steps, run in .venv-vllm (skipped with a line if absent)
     vllm_prop  vLLM's NgramProposer.propose around that kernel, what its model runner calls: the counterpart
                of `proposer`
+Both of vLLM's are timed in lock-step with `proposer`: right after each of its steps, a child process in
+.venv-vllm times them on the same contexts, so that each step's ratio proposer / vllm_prop is taken at one
+speed of the host (whose speed drifts by a third within seconds); the last line per batch is the median of
+those ratios over a round's steps.
 --evict-mb N writes N MB before each timed step, in every method and in vLLM's process alike, for caches as a
 forward in between leaves them (without it each step finds what the replay's own bookkeeping left). And the
 share of a decode step: one forward of B rows, one token each, over a 512-token KV cache, of the
@@ -115,8 +119,9 @@ def replay(method: str, batch: int, steps: int, warmup: int, finishing: int = 0)
     return _summary(batch, warmup, seconds, drafted, lengths, live_seconds)
 
 
-def replay_proposer(prompts, history, rows, steps: int, warmup: int, finishing: int) -> dict:
-    """`replay` through NgramRLProposer.propose, the rows kept as vLLM's InputBatch keeps them."""
+def replay_proposer(prompts, history, rows, steps: int, warmup: int, finishing: int, after_step=None) -> dict:
+    """`replay` through NgramRLProposer.propose, the rows kept as vLLM's InputBatch keeps them. after_step(the
+    step's row lengths), when given, runs right after each timed step (the lock-step pairing with vLLM's)."""
     from verl_ext.vllm.engine_args import drafter_settings
     from verl_ext.vllm.proposer import NgramRLProposer
 
@@ -142,6 +147,8 @@ def replay_proposer(prompts, history, rows, steps: int, warmup: int, finishing: 
         seconds.append(time.perf_counter() - start)
         drafted.append(sum(len(d) for d in drafts))
         lengths.append([len(o) for o in outputs])
+        if after_step is not None:
+            after_step(lengths[-1])
         _advance(rows, outputs, drafts)
         for r in finished_rows(len(drafted) - 1, batch, finishing):  # vLLM drops the request, then fills its row
             del runner.requests[input_batch.req_ids[r]]
@@ -176,7 +183,7 @@ def _advance(rows, outputs: list[list[int]], drafts) -> None:
 
 def _summary(batch, warmup, seconds, drafted, lengths, live_seconds=None) -> dict:
     timed = seconds[warmup:]
-    return dict(step_s=statistics.median(timed), per_row_us=1e6 * statistics.median(timed) / batch,
+    return dict(step_s=statistics.median(timed), per_row_us=1e6 * statistics.median(timed) / batch, seconds=seconds,
                 live_us=None if live_seconds is None else 1e6 * statistics.median(live_seconds[warmup:]) / batch,
                 tokens_per_row=sum(drafted[warmup:]) / (len(timed) * batch), lengths=lengths[warmup:],
                 drafts=drafted)
@@ -200,19 +207,18 @@ def _matrix(contexts: list[list[int]]) -> np.ndarray:
 
 
 def vllm_child(path: str) -> None:
-    """In .venv-vllm: time batch_propose_numba (one numba thread), then NgramProposer.propose around it, on the
-    saved contexts; print JSON {vllm: ..., vllm_prop: ...}."""
+    """In .venv-vllm, in lock-step with the parent: for each line of row lengths (output tokens a row) on stdin,
+    time batch_propose_numba (one numba thread), then NgramProposer.propose around it, on those contexts; answer
+    a line "@{vllm: [seconds, tokens], vllm_prop: [...]}" on stdout (vLLM's own logging may print other lines)."""
     from numba import set_num_threads
     from vllm.v1.spec_decode.ngram_proposer import NgramProposer, batch_propose_numba
 
     set_num_threads(1)
-    data = np.load(path)
-    tokens, lengths = data["tokens"], data["lengths"]  # [B, max_len], [steps, B]
+    tokens = np.load(path)["tokens"]  # [B, max_len]: each row's prompt, then the whole answer it will write
     batch, max_len = tokens.shape
     draft = np.zeros((batch, BUDGET), dtype=np.int32)
     counts = np.zeros(batch, dtype=np.int32)
     rows = list(range(batch))
-    batch_propose_numba(rows, lengths[0], tokens, 1, 8, max_len + BUDGET, BUDGET, draft, counts)  # compiles
 
     def kernel(step_lengths):
         batch_propose_numba(rows, step_lengths, tokens, 1, 8, max_len + BUDGET, BUDGET, draft, counts)
@@ -230,32 +236,61 @@ def vllm_child(path: str) -> None:
     def propose(step_lengths):
         return sum(map(len, proposer.propose(BUDGET, sampled, step_lengths, tokens)))
 
-    results = {}
-    for name, call in (("vllm", kernel), ("vllm_prop", propose)):
-        seconds, drafted = [], []
-        for step_lengths in lengths:
+    kernel(np.full(batch, PROMPT_LEN + 1, dtype=np.int32))  # compiles (or loads) it before the first timed step
+    print("@ready", flush=True)
+    for line in sys.stdin:
+        step_lengths = PROMPT_LEN + np.asarray(json.loads(line), dtype=np.int32)
+        answer = {}
+        for name, call in (("vllm", kernel), ("vllm_prop", propose)):
             evict()
             start = time.perf_counter()
-            drafted.append(call(step_lengths))
-            seconds.append(time.perf_counter() - start)
-        results[name] = dict(step_s=statistics.median(seconds), per_row_us=1e6 * statistics.median(seconds) / batch,
-                             tokens_per_row=sum(drafted) / (len(drafted) * batch))
-    print(json.dumps(results))
+            drafted = call(step_lengths)
+            answer[name] = [time.perf_counter() - start, drafted]
+        print("@" + json.dumps(answer), flush=True)
 
 
-def run_vllm(batch: int, lengths: list[list[int]]) -> dict:
-    """vLLM's kernel and proposer on the rows' whole contexts (prompt + the output each had at that step)."""
-    prompts, _, rows = workload(batch)
-    tokens = _matrix([prompts[p] + answer for p, answer in rows])
-    step_lengths = np.asarray([[PROMPT_LEN + n for n in step] for step in lengths], dtype=np.int32)
-    with tempfile.NamedTemporaryFile(suffix=".npz") as f:
-        np.savez(f.name, tokens=tokens, lengths=step_lengths)
-        done = subprocess.run([str(VLLM_PYTHON), __file__, "--vllm-child", f.name, "--evict-mb",
-                               str(sum(b.nbytes for b in _EVICTION) >> 20)], capture_output=True, text=True)
-    if done.returncode:
-        print(f"vllm: failed ({done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode})")
-        return {}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+class VllmSide:
+    """vLLM's kernel and proposer in their own process (.venv-vllm), timed on the same rows right after each of
+    our proposer's steps: the host's speed, which drifts within seconds here, is then the same for both sides."""
+
+    def __init__(self, batch: int):
+        prompts, _, rows = workload(batch)
+        self._file = tempfile.NamedTemporaryFile(suffix=".npz")
+        np.savez(self._file.name, tokens=_matrix([prompts[p] + answer for p, answer in rows]))
+        self._child = subprocess.Popen(
+            [str(VLLM_PYTHON), __file__, "--vllm-child", self._file.name, "--evict-mb",
+             str(sum(b.nbytes for b in _EVICTION) >> 20)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.steps: list[dict] = []
+        try:
+            self._answer()  # "@ready"
+        except RuntimeError:
+            self._child.kill()
+            self._file.close()
+            raise
+
+    def step(self, lengths: list[int]) -> None:
+        self._child.stdin.write(json.dumps(lengths) + "\n")
+        self._child.stdin.flush()
+        self.steps.append(json.loads(self._answer()))
+
+    def close(self, batch: int, warmup: int) -> dict:
+        self._child.stdin.close()
+        self._child.wait()
+        self._file.close()
+        timed = self.steps[warmup:]
+        return {name: dict(step_s=statistics.median(s[name][0] for s in timed),
+                           per_row_us=1e6 * statistics.median(s[name][0] for s in timed) / batch,
+                           tokens_per_row=sum(s[name][1] for s in timed) / (len(timed) * batch),
+                           seconds=[s[name][0] for s in self.steps])
+                for name in ("vllm", "vllm_prop")}
+
+    def _answer(self) -> str:
+        for line in self._child.stdout:
+            if line.startswith("@"):
+                return line[1:]
+        errors = self._child.stderr.read().strip().splitlines()
+        raise RuntimeError(f"vLLM's side failed: {errors[-1] if errors else self._child.wait()}")
 
 
 def decode_step_s(batch: int, cache_len: int = 512) -> float:
@@ -295,8 +330,8 @@ def main() -> None:
     parser.add_argument("--finishing", type=int, default=0,
                         help="rows a step whose requests finish and start again (their prompt's history changes)")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="measure each batch size this many times, ours and vLLM's in turn: medians, and the "
-                             "proposer / vllm_prop ratio of each round (this host's speed drifts within seconds)")
+                        help="measure each batch size this many times: the methods' medians over the rounds, and "
+                             "each round's median of the step by step proposer / vllm_prop ratios")
     parser.add_argument("--vllm-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.evict_mb:
@@ -309,7 +344,7 @@ def main() -> None:
     print(f"{'batch':>5} {'method':>9} | {'step ms':>8} {'us/row':>7} {'tok/row':>7} | {'decode ms':>9} {'share':>6}")
     for batch in map(int, args.batches.split(",")):
         decode = decode_step_s(batch)
-        rounds = [measure(batch, args, use_vllm) for _ in range(args.rounds)]
+        rounds, paired = zip(*(measure(batch, args, use_vllm) for _ in range(args.rounds)))
         results = {method: {key: statistics.median(r[method][key] for r in rounds) for key in SUMMARY}
                    for method in rounds[0]}
         for method, r in results.items():
@@ -318,23 +353,37 @@ def main() -> None:
         print(f"{batch:>5} (ngram_rl also takes in the siblings' outputs once a round, observe_live, us/row: "
               f"from requests {results['compiled']['live_us']:.2f}, from the matrix {results['matrix']['live_us']:.2f})")
         if "vllm_prop" in results:
-            ratios = [r["proposer"]["step_s"] / r["vllm_prop"]["step_s"] for r in rounds]
-            print(f"{batch:>5} proposer / vllm_prop, each round: {' '.join(f'{x:.2f}' for x in ratios)} "
-                  f"(median {statistics.median(ratios):.2f})")
+            print(f"{batch:>5} proposer / vllm_prop, the median of a round's steps (each step timed on both sides "
+                  f"in turn), each round: {' '.join(f'{x:.2f}' for x in paired)} (median {statistics.median(paired):.2f})")
 
 
 SUMMARY = ("step_s", "per_row_us", "tokens_per_row", "live_us")
 
 
-def measure(batch: int, args, use_vllm: bool) -> dict:
-    """One round: every method at this batch size, then vLLM's (in its own process), one after the other."""
-    results = {method: replay(method, batch, args.steps, args.warmup, args.finishing) for method in METHODS}
+def measure(batch: int, args, use_vllm: bool) -> tuple[dict, float | None]:
+    """One round: every method at this batch size, vLLM's kernel and proposer right after each of our proposer's
+    steps (VllmSide); (the methods' summaries, the median over the timed steps of proposer / vllm_prop)."""
+    vllm = None
+    if use_vllm:
+        try:
+            vllm = VllmSide(batch)
+        except RuntimeError as error:
+            print(f"vllm: skipped ({error})")
+    results = {}
+    for method in METHODS:
+        if method == "proposer" and vllm is not None:
+            results[method] = replay_proposer(*workload(batch), args.steps, args.warmup, args.finishing, vllm.step)
+        else:
+            results[method] = replay(method, batch, args.steps, args.warmup, args.finishing)
     for method in METHODS[1:]:
         if results[method]["drafts"] != results["reference"]["drafts"]:
             print(f"batch {batch}: {method}'s drafts differ from the reference's")  # the tests hold them equal
-    if use_vllm:
-        results.update(run_vllm(batch, results["compiled"]["lengths"]))
-    return {method: {key: r.get(key) or 0.0 for key in SUMMARY} for method, r in results.items()}
+    paired = None
+    if vllm is not None:
+        results.update(vllm.close(batch, args.warmup))
+        paired = statistics.median(ours / theirs for ours, theirs in zip(
+            results["proposer"]["seconds"][args.warmup:], results["vllm_prop"]["seconds"][args.warmup:]))
+    return {method: {key: r.get(key) or 0.0 for key in SUMMARY} for method, r in results.items()}, paired
 
 
 if __name__ == "__main__":

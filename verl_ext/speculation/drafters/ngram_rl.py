@@ -198,8 +198,9 @@ class NgramRLDrafter(Drafter):
                     use_self) -> None:
         slots, prompt_arena, prompt_keys = sources
         live = EMPTY_LAYOUT if self.live is None else self.live.layout
-        compiled_match.batch_drafts(batch_rows, tokens, token_rows, lengths, budgets, slots, prompt_arena,
-                                    prompt_keys, live, use_self, self._global_arrays(), self.min_n, self.max_n,
+        # plain tuples: numba's dispatcher types a NamedTuple argument in Python, a tuple in C (6 -> 4 µs a call)
+        compiled_match.batch_drafts(batch_rows, tokens, token_rows, lengths, budgets, slots, tuple(prompt_arena),
+                                    prompt_keys, tuple(live), use_self, self._global_arrays(), self.min_n, self.max_n,
                                     max(self.min_n, _FALLBACK_MIN_MATCH), use_prompt, use_fallback, *out)
 
     def _row_sources(self, prompt_keys: np.ndarray, prompts: tuple[list[int], np.ndarray] | None = None) -> tuple:
