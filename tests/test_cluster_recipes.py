@@ -70,6 +70,29 @@ def test_cluster_recipe_is_valid(recipe_config, monkeypatch):
     omega_conf_to_dataclass(config.actor_rollout_ref.actor)
 
 
+def test_sdpa_keeps_the_packed_sequences_of_verls_forward_apart(recipe_config):
+    """The cluster recipe loads the model with sdpa: a forward outside the shared-prefix one (use_prefix_grouper
+    off) gets verl's packed micro-batch (use_remove_padding: one row, no attention mask, position ids restarting
+    per sequence, no cache), which transformers must split by the position ids; were it one causal sequence, the
+    second sequence would read the first."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         attn_implementation=recipe_config.actor_rollout_ref.model.override_config
+                                         .attn_implementation)).eval()
+    first, second = torch.randint(0, 64, (1, 7)), torch.randint(0, 64, (1, 5))
+    with torch.no_grad():
+        alone = [model(ids, use_cache=False).logits for ids in (first, second)]
+        positions = torch.cat([torch.arange(7), torch.arange(5)])[None]
+        packed = model(torch.cat([first, second], 1), position_ids=positions, use_cache=False).logits
+        as_one = model(torch.cat([first, second], 1), use_cache=False).logits  # negative control: one sequence
+    torch.testing.assert_close(packed, torch.cat(alone, 1), rtol=1e-5, atol=1e-5)
+    assert (as_one[:, 7:] - alone[1]).abs().max() > 1e-3
+
+
 def test_cluster_recipe_settings(recipe_config):
     config = recipe_config
     arr = config.actor_rollout_ref

@@ -65,3 +65,21 @@ def test_flash_attention_that_is_not_the_checked_one_is_refused(tmp_path):
     with pytest.raises(preflight.ConfigError) as error:  # control: flex needs nothing, the next check speaks
         preflight.check_before_data(_config(tmp_path / "data", "trainer.device=cuda", "verl_ext.grouped_attention=flex"))
     assert "grouped_attention" not in str(error.value)
+
+
+@pytest.mark.parametrize("override, words", [
+    ("actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2",
+     "attn_implementation=flash_attention_2 needs flash-attn, which is not installed here"),
+    # unset, verl loads the model with flash_attention_2
+    ("~actor_rollout_ref.model.override_config.attn_implementation",
+     "attn_implementation=flash_attention_2 (verl's default where it is unset) needs flash-attn"),
+])
+def test_a_model_attention_that_is_not_installed_is_refused(tmp_path, override, words):
+    """transformers would refuse it on the workers, after Ray started and the model was fetched (flash-attn is
+    not installed here)."""
+    with pytest.raises(preflight.ConfigError) as error:
+        preflight.check_before_data(_config(tmp_path / "data", override))
+    assert words in str(error.value) and "+actor_rollout_ref.model.override_config.attn_implementation=sdpa" in str(
+        error.value)
+    control = "actor_rollout_ref.model.override_config.attn_implementation=eager"  # needs nothing installed
+    preflight.check_before_data(_config(tmp_path / "data", control))

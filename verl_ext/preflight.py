@@ -106,6 +106,26 @@ def _check_grouped_attention_installed(backend: str) -> None:
         raise ConfigError(f"verl_ext.grouped_attention=flash: {problem} (flex needs nothing installed)")
 
 
+_MODEL_ATTENTION = "actor_rollout_ref.model.override_config.attn_implementation"
+# transformers' attention implementations that need a package besides torch: the module each imports
+_ATTENTION_MODULES = {"flash_attention_2": ("flash_attn", "flash-attn"),
+                      "flash_attention_3": ("flash_attn_interface", "flash-attn 3")}
+
+
+def _check_model_attention_installed(config: DictConfig) -> None:
+    """verl loads the policy and reference models with this attention, flash_attention_2 when it is unset
+    (verl/workers/config/model.py); transformers refuses it without flash-attn, but only on the workers, after Ray
+    has started and the model has been fetched. The shared-prefix forward runs its own kernel whichever it is."""
+    given = OmegaConf.select(config, _MODEL_ATTENTION, default=None)
+    name = given or "flash_attention_2"
+    module, package = _ATTENTION_MODULES.get(name, (None, None))
+    if module is None or importlib.util.find_spec(module) is not None:
+        return
+    unset = "" if given else " (verl's default where it is unset)"
+    raise ConfigError(f"{_MODEL_ATTENTION}={name}{unset} needs {package}, which is not installed here "
+                      f"({sys.prefix}); add +{_MODEL_ATTENTION}=sdpa or install {package}.")
+
+
 def check_rollout_backend(settings: Settings) -> None:
     """The rollout engine the config names can run here (vLLM: installed, and on CPU, a processor it runs on)."""
     if settings.rollout.name != "vllm":
@@ -144,6 +164,7 @@ def check_before_data(config: DictConfig) -> Settings:
     settings = read_settings(config)
     engine_args.check_rollout(settings.rollout)  # the vLLM route's own check (the schema knows no route)
     _check_grouped_attention_installed(settings.extension.grouped_attention)
+    _check_model_attention_installed(config)
     _check_device_visible(settings.trainer.device)
     check_paths(config, skip_built=True)
     return settings

@@ -374,7 +374,8 @@ def _is_number(value) -> bool:
 # verl's own keys that verl_ext's modules read with verl's meaning (verl validates them): the start-up checks
 # of paths and Ray, the rollout servers, the trainer and the workers.
 VERL_KEYS = frozenset({
-    "actor_rollout_ref.model.path", "data.train_files", "data.val_files", "reward.custom_reward_function.path",
+    "actor_rollout_ref.model.path", "actor_rollout_ref.model.override_config.attn_implementation",
+    "data.train_files", "data.val_files", "reward.custom_reward_function.path",
     "trainer.nnodes", "trainer.n_gpus_per_node", "trainer.logger",
     "trainer.default_local_dir", "trainer.resume_mode", "trainer.resume_from_path",
     "ray_kwargs.ray_init.address", "ray_kwargs.ray_init.num_cpus", "ray_kwargs.ray_init.num_gpus",
