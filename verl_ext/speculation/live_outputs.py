@@ -26,7 +26,7 @@ _EMPTY = np.zeros(0, dtype=np.int32)
 
 
 @njit(nogil=True, cache=True)
-def _lay_out_rows(prompt_keys, token_ids, rows, starts, stops):
+def lay_out_rows(prompt_keys, token_ids, rows, starts, stops):
     """One block per prompt ([SEP, output, SEP, ..., SEP * PAD]) of the rows' outputs token_ids[rows[b],
     starts[b]:stops[b]], in row order; (arena, the prompts' keys ascending, [K, 2] their blocks' bounds)."""
     kept = np.flatnonzero(stops > starts)
@@ -159,7 +159,12 @@ class LiveOutputs:
         output), prompt prompt_keys[b]. The arena is laid out by one compiled copy, a prompt's outputs in row
         order; every prompt held before or now gets a new version (a conservative version: it only has to change
         when a draft could). The per-sequence buffers of `update` are dropped: the matrix is whole each round."""
-        layout = LiveLayout(*_lay_out_rows(prompt_keys, rows.token_ids, rows.rows, rows.prompt_lengths, rows.lengths))
+        self.take_layout(LiveLayout(*lay_out_rows(prompt_keys, rows.token_ids, rows.rows, rows.prompt_lengths,
+                                                  rows.lengths)))
+
+    def take_layout(self, layout: LiveLayout) -> None:
+        """take_rows with the rows already laid out by ``lay_out_rows`` (vLLM's route does it inside its step's
+        compiled call)."""
         self._clock += 1
         self._taken, self._versions = (self._clock, layout.keys, self.layout.keys), {}
         self._sequences.clear()

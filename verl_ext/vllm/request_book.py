@@ -20,9 +20,9 @@ plain arrays. Per step (one ``propose`` call of vLLM's model runner):
 Each row's draft names its source (ngram_rl's prompt / siblings / self / global); the next step's new tokens
 of the row say how many of it vLLM accepted (all of them but the last), counted by source.
 
-Without a prefetcher, a step's work is arrays over the batch and one compiled drafting call (the drafter's
-``draft_rows``): Python runs per row only to look requests up when the batch changed and to hand vLLM its
-``list[list[int]]``. While the rows stay the same and no response has joined the history, the drafter keeps
+Without a prefetcher, steps 2 and 4 and the bookkeeping of step 1 are one compiled call over the batch
+(step_kernel.draft_step): Python runs per row only to look requests up when the batch changed and to hand vLLM
+its ``list[list[int]]``. While the rows stay the same and no response has joined the history, the drafter keeps
 their prompts' index lookup too (ngram_rl's ``_SlotsMemo``). The prefetcher's tables are per-request Python, so
 with one the rows also become DraftRequests.
 
@@ -57,6 +57,7 @@ from verl_ext.speculation.compiled_match import SOURCES
 from verl_ext.speculation.drafters.base import DraftRequest, TokenRows, source_of
 from verl_ext.speculation.drafters.ngram_rl import NgramRLDrafter, distinct_prompts
 from verl_ext.speculation.prefetch import DraftPrefetcher
+from verl_ext.vllm import step_kernel
 from verl_ext.vllm.request_tokens import RequestTokens
 
 
@@ -128,36 +129,36 @@ class RequestBook:
         """
         num_rows = len(sampled_token_ids)
         new_batch = self._sync_rows(rows, num_rows, live)
-        requests, slots, keys = self._rows.requests, self._rows.slots, self._rows.keys
         sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=num_rows)  # [B]
+        if self.prefetcher is None:
+            return self._propose_compiled(rows, num_rows, sampled, live, new_batch)
+        requests, slots, keys = self._rows.requests, self._rows.slots, self._rows.keys
         num_tokens, budgets, to_draft = self._tokens.step(slots, rows.token_ids, rows.num_tokens, sampled,
                                                           self.num_draft_tokens)
-        # the in-flight rows as vLLM holds them: the drafter reads them there
-        in_flight_rows = TokenRows(rows.token_ids, self._rows.everyone, num_tokens,
-                                   np.asarray(rows.num_prompt_tokens[:num_rows], np.int64))
         if new_batch:
-            self._take_in(live, keys, in_flight_rows)
-        if self.prefetcher is None:  # ngram_rl drafts the batch in one compiled call from vLLM's token matrix
-            if len(to_draft) == num_rows:  # most steps: every row drafts
-                tokens, sizes, sources = self.drafter.draft_rows(
-                    keys, budgets, TokenRows(rows.token_ids, to_draft, num_tokens), self._rows.prompts)
-            else:
-                tokens, sizes, sources = self.drafter.draft_rows(
-                    keys[to_draft], budgets[to_draft], TokenRows(rows.token_ids, to_draft, num_tokens[to_draft]))
-            self._take_in(live, keys, in_flight_rows)
-            proposed = _draft_lists(tokens, sizes)
-        else:
-            draft_requests = [self._draft_request(requests[i]) for i in to_draft.tolist()]
-            proposed, sizes, sources = self._collect(draft_requests, budgets[to_draft].tolist())
-            self._take_in(live, keys, in_flight_rows)
-            self.prefetcher.submit(draft_requests, proposed)
+            self._take_in(live, keys, self._in_flight(rows, num_rows))
+        draft_requests = [self._draft_request(requests[i]) for i in to_draft.tolist()]
+        proposed, sizes, sources = self._collect(draft_requests, budgets[to_draft].tolist())
+        self._take_in(live, keys, self._in_flight(rows, num_rows))
+        self.prefetcher.submit(draft_requests, proposed)
         self._tokens.handed(slots, to_draft, sources, sizes)
-        if len(proposed) == num_rows:  # every row drafted (most steps)
-            return proposed
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
         for i, draft in zip(to_draft.tolist(), proposed):
             drafts[i] = draft
         return drafts
+
+    def _propose_compiled(self, rows: BatchRows, num_rows: int, sampled: np.ndarray, live: Mapping[str, object],
+                          new_batch: bool) -> list[list[int]]:
+        """propose without a prefetcher: the step is one compiled call over the batch (step_kernel.draft_step)."""
+        keys = self._rows.keys
+        if new_batch:  # the last batch's responses first: this step drafts from them
+            self._take_in(live, keys, self._in_flight(rows, num_rows))
+        drafts, edges, layout = step_kernel.draft_step(
+            self._tokens.arrays(), self._rows.slots, rows.token_ids, rows.num_tokens, rows.num_prompt_tokens, sampled,
+            self.num_draft_tokens, self.drafter.kernel_sources(keys, self._rows.prompts), self.drafter.live is not None)
+        self.retire(self._out_of_batch, live)
+        self.drafter.observe_live_layout(layout)
+        return _draft_lists(drafts, edges)
 
     def take_source_counts(self) -> SpecMetrics:
         """Drafts, drafted and accepted tokens by the drafts' sources (``by_source`` only) since the last call."""
@@ -210,6 +211,11 @@ class RequestBook:
         return DraftRequest(request.seq_id, request.key, request.prompt_tokens,
                             self._tokens.output(request.slot).tolist())
 
+    def _in_flight(self, rows: BatchRows, num_rows: int) -> TokenRows:
+        """The batch's rows as vLLM holds them (the drafter reads the siblings' outputs there)."""
+        return TokenRows(rows.token_ids, self._rows.everyone, np.asarray(rows.num_tokens[:num_rows], np.int64),
+                         np.asarray(rows.num_prompt_tokens[:num_rows], np.int64))
+
     def _take_in(self, live: Container[str], keys: np.ndarray, in_flight_rows: TokenRows) -> None:
         """Hand the drafter the responses that finished and the outputs still growing."""
         self.retire(self._out_of_batch, live)
@@ -238,12 +244,11 @@ class RequestBook:
             self.drafter.observe(request.key, request.prompt, output)
 
 
-def _draft_lists(tokens: np.ndarray, sizes: np.ndarray) -> list[list[int]]:
-    """Row b's first sizes[b] tokens as a list, for each row: what vLLM takes from a proposer. One conversion of
-    the drafted tokens only (a batch drafts about two thirds of the matrix), then a slice of that list per row."""
-    flat = tokens[np.arange(tokens.shape[1]) < sizes[:, None]].tolist()  # row-major: row b's draft, then b + 1's
-    stops = np.cumsum(sizes).tolist()
-    return [flat[stop - size: stop] for stop, size in zip(stops, sizes.tolist())]
+def _draft_lists(drafts: np.ndarray, edges: np.ndarray) -> list[list[int]]:
+    """Row b's draft, drafts[edges[b]:edges[b + 1]], as a list for each row: what vLLM takes from a proposer. One
+    conversion of the drafted tokens, then a slice of that list per row."""
+    tokens = drafts.tolist()
+    return [tokens[start:stop] for start, stop in itertools.pairwise(edges.tolist())]
 
 
 def _final_output(handle: object, tracked: np.ndarray) -> np.ndarray:

@@ -39,7 +39,7 @@ def _catch_up(tokens, lengths, draft_sources, draft_lengths, slots, token_ids, n
 
 
 @njit(nogil=True, cache=True)
-def _step(tokens, lengths, draft_sources, draft_lengths, slots, token_ids, num_tokens, sampled, num_draft_tokens,
+def step_rows(tokens, lengths, draft_sources, draft_lengths, slots, token_ids, num_tokens, sampled, num_draft_tokens,
           tally):
     """_catch_up, then each row's draft budget: ([B] int64 tokens, [B] budgets, the rows to draft)."""
     counts = num_tokens[: len(slots)].astype(np.int64)
@@ -50,7 +50,7 @@ def _step(tokens, lengths, draft_sources, draft_lengths, slots, token_ids, num_t
 
 
 @njit(nogil=True, cache=True)
-def _handed(draft_sources, draft_lengths, slots, rows, sources, sizes):
+def record_handed(draft_sources, draft_lengths, slots, rows, sources, sizes):
     """The draft of request slots[rows[i]] came from sources[i] and holds sizes[i] tokens."""
     for i in range(len(rows)):
         draft_sources[slots[rows[i]]] = sources[i]
@@ -86,8 +86,12 @@ class RequestTokens:
         (the drafts this step verified are counted into ``tally``), and what each row may draft: ([B] int64
         tokens, [B] budgets: min(num_draft_tokens, tokens left before max_model_len - 1), the rows that draft:
         those with a budget that sampled a token, ``sampled`` [B] how many)."""
-        return _step(self.tokens, self.lengths, self.draft_sources, self.draft_lengths, slots, token_ids,
+        return step_rows(self.tokens, self.lengths, self.draft_sources, self.draft_lengths, slots, token_ids,
                      num_tokens, sampled, num_draft_tokens, self.tally)
+
+    def arrays(self) -> tuple:
+        """(tokens, lengths, draft sources, draft lengths, tally): what step_rows and record_handed write."""
+        return self.tokens, self.lengths, self.draft_sources, self.draft_lengths, self.tally
 
     def take_tally(self) -> np.ndarray:
         """[num_sources, 3] (drafts, drafted tokens, accepted tokens) by source verified since the last call."""
@@ -97,7 +101,7 @@ class RequestTokens:
     def handed(self, slots: np.ndarray, rows: np.ndarray, sources: np.ndarray, lengths: np.ndarray) -> None:
         """The drafts handed to vLLM this step for the requests slots[rows]: verified by the next step that sees
         them grow."""
-        _handed(self.draft_sources, self.draft_lengths, slots, rows, sources, lengths)
+        record_handed(self.draft_sources, self.draft_lengths, slots, rows, sources, lengths)
 
     def output(self, slot: int) -> np.ndarray:
         """[n] int32 the request's output so far (a copy: the slot is reused once released)."""

@@ -25,7 +25,7 @@ from verl_ext.speculation.config import MAX_DRAFT_TOKENS, SpeculationConfig
 from verl_ext.speculation.drafters.base import Draft, DraftRequest, Drafter, DrafterStats, TokenRows
 from verl_ext.speculation.global_history import GlobalHistory
 from verl_ext.speculation.history_cache import HistoryCache
-from verl_ext.speculation.live_outputs import EMPTY_LAYOUT, LiveOutputs
+from verl_ext.speculation.live_outputs import EMPTY_LAYOUT, LiveLayout, LiveOutputs
 from verl_ext.speculation.ngram_match import (PAD, SEP, continuation_counts, continuation_windows, extend_match,
                                               vote_continuation)
 from verl_ext.speculation.outcome_drafts import OutcomeDrafts
@@ -196,12 +196,21 @@ class NgramRLDrafter(Drafter):
 
     def _run_kernel(self, batch_rows, tokens, token_rows, lengths, budgets, sources, out, use_prompt, use_fallback,
                     use_self) -> None:
+        compiled_match.batch_drafts(batch_rows, tokens, token_rows, lengths, budgets,
+                                    *self._kernel_sources(sources, use_self), use_prompt, use_fallback, *out)
+
+    def kernel_sources(self, prompt_keys: np.ndarray, prompts: tuple[list[int], np.ndarray] | None = None) -> tuple:
+        """What compiled_match.batch_drafts reads besides the rows, in its order (slots ... fallback_min), for
+        rows of these prompt keys: for a caller that drafts inside a compiled call of its own (vLLM's route,
+        verl_ext.vllm.step_kernel). prompts: as for draft_rows."""
+        return self._kernel_sources(self._row_sources(prompt_keys, prompts), self.draft_from_self)
+
+    def _kernel_sources(self, sources: tuple, use_self: bool) -> tuple:
         slots, prompt_arena, prompt_keys = sources
         live = EMPTY_LAYOUT if self.live is None else self.live.layout
         # plain tuples: numba's dispatcher types a NamedTuple argument in Python, a tuple in C (6 -> 4 µs a call)
-        compiled_match.batch_drafts(batch_rows, tokens, token_rows, lengths, budgets, slots, tuple(prompt_arena),
-                                    prompt_keys, tuple(live), use_self, self._global_arrays(), self.min_n, self.max_n,
-                                    max(self.min_n, _FALLBACK_MIN_MATCH), use_prompt, use_fallback, *out)
+        return (slots, tuple(prompt_arena), prompt_keys, tuple(live), use_self, self._global_arrays(), self.min_n,
+                self.max_n, max(self.min_n, _FALLBACK_MIN_MATCH))
 
     def _row_sources(self, prompt_keys: np.ndarray, prompts: tuple[list[int], np.ndarray] | None = None) -> tuple:
         """(slots [B], the prompt arena's view, prompt_keys) for compiled_match.batch_drafts: one index lookup per
@@ -372,6 +381,11 @@ class NgramRLDrafter(Drafter):
         lengths)."""
         if self.live is not None:
             self.live.take_rows(prompt_keys, rows)
+
+    def observe_live_layout(self, layout: tuple) -> None:
+        """observe_live_rows with the rows already laid out (live_outputs.lay_out_rows' arrays)."""
+        if self.live is not None:
+            self.live.take_layout(LiveLayout(*layout))
 
     def version(self, prompt_key: int) -> tuple[int, int, int]:
         live = 0 if self.live is None else self.live.version(prompt_key)
