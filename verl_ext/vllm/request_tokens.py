@@ -39,8 +39,8 @@ def _catch_up(tokens, lengths, draft_sources, draft_lengths, slots, token_ids, n
 
 
 @njit(nogil=True, cache=True)
-def step_rows(tokens, lengths, draft_sources, draft_lengths, slots, token_ids, num_tokens, sampled, num_draft_tokens,
-          tally):
+def step_rows(tokens, lengths, draft_sources, draft_lengths, slots, token_ids, num_tokens, sampled,
+              num_draft_tokens, tally):
     """_catch_up, then each row's draft budget: ([B] int64 tokens, [B] budgets, the rows to draft)."""
     counts = num_tokens[: len(slots)].astype(np.int64)
     _catch_up(tokens, lengths, draft_sources, draft_lengths, slots, token_ids, counts, tally)
@@ -87,7 +87,7 @@ class RequestTokens:
         tokens, [B] budgets: min(num_draft_tokens, tokens left before max_model_len - 1), the rows that draft:
         those with a budget that sampled a token, ``sampled`` [B] how many)."""
         return step_rows(self.tokens, self.lengths, self.draft_sources, self.draft_lengths, slots, token_ids,
-                     num_tokens, sampled, num_draft_tokens, self.tally)
+                         num_tokens, sampled, num_draft_tokens, self.tally)
 
     def arrays(self) -> tuple:
         """(tokens, lengths, draft sources, draft lengths, tally): what step_rows and record_handed write."""
