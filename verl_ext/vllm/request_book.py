@@ -135,11 +135,12 @@ class RequestBook:
         requests, slots, keys = self._rows.requests, self._rows.slots, self._rows.keys
         num_tokens, budgets, to_draft = self._tokens.step(slots, rows.token_ids, rows.num_tokens, sampled,
                                                           self.num_draft_tokens)
+        in_flight = self._in_flight(rows, num_rows)
         if new_batch:
-            self._take_in(live, keys, self._in_flight(rows, num_rows))
+            self._take_in(live, keys, in_flight)
         draft_requests = [self._draft_request(requests[i]) for i in to_draft.tolist()]
         proposed, sizes, sources = self._collect(draft_requests, budgets[to_draft].tolist())
-        self._take_in(live, keys, self._in_flight(rows, num_rows))
+        self._take_in(live, keys, in_flight)
         self.prefetcher.submit(draft_requests, proposed)
         self._tokens.handed(slots, to_draft, sources, sizes)
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
