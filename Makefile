@@ -61,7 +61,7 @@ ifeq ($(VLLM_WHY_NOT),)
 	$(MAKE) --no-print-directory install-vllm
 	@why=$$($(VLLM_BIN)/python verl_ext/platform/vllm_cpu.py --probe $(VLLM_BIN)/python); \
 	if [ -n "$$why" ]; then echo "vLLM tests skipped: $$why"; \
-	else $(VLLM_BIN)/python -m pytest -q --durations=10 tests/vllm_engine $(VLLM_ARGS); fi
+	else $(VLLM_BIN)/python -m pytest -q --durations=10 tests/vllm_engine tests/test_numba_cache_locator.py $(VLLM_ARGS); fi
 else
 	@echo "vLLM tests skipped: $(VLLM_WHY_NOT)"
 endif

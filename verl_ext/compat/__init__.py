@@ -4,6 +4,8 @@
                 groups' dispatch info, config fields, the sync trainer's private hooks
     vllm        the model runner's drafter length bound (imports nothing of vLLM's)
     flash_attn  the varlen forward/backward ops (imports flash-attn lazily)
+    numba       the on-disk cache's locator list: a kernel's cache keyed by every verl_ext module it reaches
+                (numba 0.65 to 0.68; under another numba the kernels compile in each process, with a warning)
 
 Every private name of an upstream and every function copied from one lives in these modules, each with the
 upstream file it mirrors; ``tests/test_private_names.py`` fails on one anywhere else. The installed version of

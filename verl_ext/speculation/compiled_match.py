@@ -19,20 +19,19 @@ flight at once (benchmarks/drafting_cost.py --evict-mb 64, batch 64: 3.93 -> 2.1
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from verl_ext.compat.numba import cached_njit
 from verl_ext.speculation import global_history, run_directory
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
 from verl_ext.speculation.ngram_match import MAX_CANDIDATES, PAD, SEP
 
-_JIT = dict(nogil=True, cache=True)
 SOURCES = ("none", "prompt", "siblings", "self", "global")  # sources[b] indexes this
 _PROMPT, _SIBLINGS, _SELF, _GLOBAL = 1, 2, 3, 4
 GLOBAL_CANDIDATES = 256  # most recent occurrences of the last two context tokens a global match starts from
 _SCAN_BLOCK = 64  # tokens a scan for one token compares before it branches
 
 
-@njit(**_JIT)
+@cached_njit
 def _match_length(history, end, tail):
     """Tokens of `tail` that end at history[end], counted backwards (a SEP never matches)."""
     n = len(tail)
@@ -42,7 +41,7 @@ def _match_length(history, end, tail):
     return length
 
 
-@njit(**_JIT)
+@cached_njit
 def _vote(history, ends, count, out, row, alive):
     """vote_continuation over the windows after the last MAX_CANDIDATES of ends[:count] -> out[row]; its length.
 
@@ -101,7 +100,7 @@ def _vote(history, ends, count, out, row, alive):
     return size
 
 
-@njit(**_JIT)
+@cached_njit
 def _longest(history, candidates, count, tail, min_n, ends):
     """extend_match: (length, how many) of the longest matches among candidates[:count] (kept in order in ends)."""
     longest = 0
@@ -121,7 +120,7 @@ def _longest(history, candidates, count, tail, min_n, ends):
     return longest, found
 
 
-@njit(**_JIT)
+@cached_njit
 def _prompt_draft(history, end_tokens, ends_by_token, pair_keys, pair_positions, pair_directory, token_directory,
                   tail, min_n, ends, alive, drafts, row):
     """PromptIndex.draft from its sorted arrays -> drafts[row]; its length. A context ending in a pair (x, t) that
@@ -144,7 +143,7 @@ def _prompt_draft(history, end_tokens, ends_by_token, pair_keys, pair_positions,
     return _vote(history, ends, hi - lo, drafts, row, alive) if hi > lo else 0
 
 
-@njit(**_JIT)
+@cached_njit
 def _occurrences(history, stop, token, out):
     """Positions of `token` in history[:stop], in order, -> out; how many. Blocks of _SCAN_BLOCK are first only
     counted (a loop the compiler vectorises), and scanned one by one only where they hold the token: a miss,
@@ -163,7 +162,7 @@ def _occurrences(history, stop, token, out):
     return count
 
 
-@njit(**_JIT)
+@cached_njit
 def _scan_match(history, tail, min_n, ends):
     """extend_match from every position of the tail's last token in `history` (but its last): (length, how many,
     ends); `ends` is grown when it is shorter than the history."""
@@ -174,7 +173,7 @@ def _scan_match(history, tail, min_n, ends):
     return longest, found, ends
 
 
-@njit(**_JIT)
+@cached_njit
 def _touch_prompt_paths(batch_rows, tokens, token_rows, lens, slots, prompt_arena, max_n):
     """Load, for every row, the cache lines its prompt-source draft will read (directory slot, pair run, the
     candidates' history), and nothing else. The rows' loads do not depend on each other, so the core keeps many
@@ -197,7 +196,7 @@ def _touch_prompt_paths(batch_rows, tokens, token_rows, lens, slots, prompt_aren
     return touched
 
 
-@njit(**_JIT)
+@cached_njit
 def batch_drafts(batch_rows, tokens, token_rows, lens, budgets, slots, prompt_arena, prompt_keys, live, use_self,
                  global_arrays, min_n, max_n, fallback_min, use_prompt, use_fallback, drafts, draft_lens, sources):
     """ngram_rl's draft for each row b in batch_rows: the prompt's index, else the longest fallback (siblings, self,
@@ -275,13 +274,13 @@ def batch_drafts(batch_rows, tokens, token_rows, lens, budgets, slots, prompt_ar
             sources[b] = best_source if draft_lens[b] else 0
 
 
-@njit(**_JIT)
+@cached_njit
 def vote(history, ends, drafts, row):
     """vote_continuation after ends ([n], oldest first) -> drafts[row]; its length."""
     return _vote(history, ends, len(ends), drafts, row, np.empty(MAX_CANDIDATES, dtype=np.int64))
 
 
-@njit(**_JIT)
+@cached_njit
 def distinct(keys):
     """np.unique(keys, return_inverse=True) for int64 keys: (the distinct keys sorted, [B] each key's place among
     them), at a fraction of its cost on a batch's few hundred rows."""

@@ -18,17 +18,16 @@ from collections import deque
 from typing import Sequence
 
 import numpy as np
-from numba import njit
 
+from verl_ext.compat.numba import cached_njit
 from verl_ext.speculation.ngram_match import PAD, SEP
 
-_JIT = dict(nogil=True, cache=True)
 _HASH_MULT = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the bucket is the product's top bits
 _MIN_BUCKETS = 4096
 _NONE = -1
 
 
-@njit(**_JIT)
+@cached_njit
 def _bucket(tokens, stop, n, bits):
     """Bucket of the n-gram tokens[stop - n: stop]."""
     key = np.uint64(0)
@@ -37,7 +36,7 @@ def _bucket(tokens, stop, n, bits):
     return np.int64((key * _HASH_MULT) >> np.uint64(64 - bits))
 
 
-@njit(**_JIT)
+@cached_njit
 def link(buf, prev, heads, bits, base, first, stop, n):
     """Chain the n-grams ending at absolute positions first..stop-1 (ascending, all inside one response)."""
     for pos in range(first, stop):
@@ -46,7 +45,7 @@ def link(buf, prev, heads, bits, base, first, stop, n):
         heads[bucket] = pos
 
 
-@njit(**_JIT)
+@cached_njit
 def walk(buf, prev, heads, bits, base, live_start, tail, n, limit, out):
     """Buffer indices of the `limit` newest positions ending the n-gram tail[-n:] -> out, newest first; their count."""
     found = 0

@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 import numpy as np
-from numba import njit
 
+from verl_ext.compat.numba import cached_njit
 from verl_ext.speculation.drafters.base import DraftRequest, TokenRows
 from verl_ext.speculation.ngram_match import PAD, SEP
 
@@ -25,7 +25,7 @@ _SEP = np.full(1, SEP, dtype=np.int32)
 _EMPTY = np.zeros(0, dtype=np.int32)
 
 
-@njit(nogil=True, cache=True)
+@cached_njit
 def lay_out_rows(prompt_keys, token_ids, rows, starts, stops):
     """One block per prompt ([SEP, output, SEP, ..., SEP * PAD]) of the rows' outputs token_ids[rows[b],
     starts[b]:stops[b]], in row order; (arena, the prompts' keys ascending, [K, 2] their blocks' bounds)."""

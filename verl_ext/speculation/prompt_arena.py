@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
+from verl_ext.compat.numba import cached_njit
 from verl_ext.speculation import run_directory
 
 _FIELDS = ((0,), (1, 2), (3, 4), (5,), (6,))  # which of a slot's seven arrays each pool holds
@@ -121,7 +121,7 @@ class PromptArena:
         self.view = ArenaView(*self._arrays, bounds)
 
 
-@njit(nogil=True, cache=True)
+@cached_njit
 def _packed(pool, starts, stops, out):
     """out with pool[starts[i]:stops[i]] for every i, one after another from its start."""
     at = 0

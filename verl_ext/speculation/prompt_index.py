@@ -21,8 +21,8 @@ from functools import cached_property
 from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
-from numba import njit
 
+from verl_ext.compat.numba import cached_njit
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
 from verl_ext.speculation.history_cache import HistoryChange
 from verl_ext.speculation.ngram_match import PAD, SEP, continuation_windows, extend_match
@@ -190,7 +190,7 @@ def _sorted_arrays(history: np.ndarray) -> tuple[np.ndarray, ...]:
             (with_pair[order] - 1).astype(np.int32))
 
 
-@njit(nogil=True, cache=True)
+@cached_njit
 def _advanced_arrays(history, start, cut, end_tokens, ends_by_token, pair_keys, pair_positions):
     """_sorted_arrays(history) from the arrays of the version before, which held the tokens before `cut` and not
     those from `start` on (the appended segments; history[start] is SEP): the kept entries, shifted back by the cut,
@@ -202,7 +202,7 @@ def _advanced_arrays(history, start, cut, end_tokens, ends_by_token, pair_keys, 
     return merged_tokens, merged_ends, merged_pairs, merged_pair_positions
 
 
-@njit(nogil=True, cache=True)
+@cached_njit
 def _segment_arrays(history, start):
     """The entries of history[start:] (appended segments; history[start] is SEP) as _sorted_arrays defines them:
     (end keys token << 32 | position sorted, pair keys sorted stably, the pairs' positions)."""
@@ -228,7 +228,7 @@ def _segment_arrays(history, start):
     return ends, pairs[order], pair_starts[order]
 
 
-@njit(nogil=True, cache=True)
+@cached_njit
 def _merged(keys, positions, cut, added_keys, added_positions):
     """Sorted (keys, positions) after their history lost its first `cut` tokens and gained the added entries
     (sorted, their positions past every kept one): the entries at positions >= cut, shifted back by it, merged with
@@ -252,7 +252,7 @@ def _merged(keys, positions, cut, added_keys, added_positions):
     return out_keys[:k], out_positions[:k]
 
 
-@njit(nogil=True, cache=True)
+@cached_njit
 def _upper_bound(keys, low, key):
     """The first index >= low whose key is greater than `key` (keys sorted)."""
     high = len(keys)

@@ -14,18 +14,18 @@ Fibonacci hash; the key itself is read from the sorted array at `start`, so the 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
-_JIT = dict(nogil=True, cache=True)
+from verl_ext.compat.numba import cached_njit
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: 2^64 / golden ratio
 
 
-@njit(**_JIT)
+@cached_njit
 def _slot(key, mask):
     return np.int64((np.uint64(key) * _GOLDEN) >> np.uint64(32)) & mask
 
 
-@njit(**_JIT)
+@cached_njit
 def size(sorted_keys):
     """Entries (2T) of sorted_keys' directory."""
     distinct = 0
@@ -38,7 +38,7 @@ def size(sorted_keys):
     return 2 * slots
 
 
-@njit(**_JIT)
+@cached_njit
 def fill(sorted_keys, directory):
     """Write sorted_keys' directory into `directory` ([size(sorted_keys)] int32, any contents)."""
     directory[:] = -1
@@ -64,7 +64,7 @@ def build(sorted_keys: np.ndarray) -> np.ndarray:
     return directory
 
 
-@njit(**_JIT)
+@cached_njit
 def find(directory, sorted_keys, key):
     """(start, stop) of `key`'s run in sorted_keys, (0, 0) when it has none."""
     mask = len(directory) // 2 - 1

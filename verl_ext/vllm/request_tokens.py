@@ -13,12 +13,13 @@ The prefetch thread never reads it: it gets DraftRequests whose outputs are copi
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from verl_ext.compat.numba import cached_njit
 
 NOT_VERIFYING = -1  # draft_lengths of a request with no draft under verification
 
 
-@njit(nogil=True, cache=True)
+@cached_njit
 def _catch_up(tokens, lengths, draft_sources, draft_lengths, slots, token_ids, num_tokens, tally):
     """For each row b, request slots[b] at row b of token_ids: a row with new tokens had its draft verified, all
     of it but the last new token accepted (tally[source] += 1, drafted, accepted); then its new tokens are copied."""
@@ -38,7 +39,7 @@ def _catch_up(tokens, lengths, draft_sources, draft_lengths, slots, token_ids, n
         lengths[slot] = num_tokens[b]
 
 
-@njit(nogil=True, cache=True)
+@cached_njit
 def step_rows(tokens, lengths, draft_sources, draft_lengths, slots, token_ids, num_tokens, sampled,
               num_draft_tokens, tally):
     """_catch_up, then each row's draft budget: ([B] int64 tokens, [B] budgets, the rows to draft)."""
@@ -49,7 +50,7 @@ def step_rows(tokens, lengths, draft_sources, draft_lengths, slots, token_ids, n
     return counts, budgets, to_draft
 
 
-@njit(nogil=True, cache=True)
+@cached_njit
 def record_handed(draft_sources, draft_lengths, slots, rows, sources, sizes):
     """The draft of request slots[rows[i]] came from sources[i] and holds sizes[i] tokens."""
     for i in range(len(rows)):

@@ -12,15 +12,15 @@ same function the separate calls ran, so drafts and bookkeeping are the same.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from verl_ext.compat.numba import cached_njit
 from verl_ext.speculation.compiled_match import batch_drafts
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
 from verl_ext.speculation.live_outputs import lay_out_rows
 from verl_ext.vllm.request_tokens import record_handed, step_rows
 
 
-@njit(nogil=True, cache=True)
+@cached_njit
 def draft_step(store, slots, token_ids, num_tokens, num_prompt_tokens, sampled, num_draft_tokens, sources,
                lay_out_live):
     """One step of B rows (B = len(slots)): row b of token_ids holds request slots[b] of ``store`` (RequestTokens'
