@@ -14,8 +14,9 @@ This worker runs a group as one unit:
   once per sample (``compat.verl.group_server_client``);
 - a group's rewards are computed in one call to a reward-loop worker instead of one per sample
   (``group_scoring.py``);
-- the group's samples go to TransferQueue in one put once all n are done: verl's trainer takes a prompt's
-  samples only when the group's status says "finished", which verl writes after the last of them too.
+- the group's samples go to TransferQueue in one put once all n are done, with the other groups that finish
+  meanwhile (``group_writer.py``): verl's trainer takes a prompt's samples only when the group's status says
+  "finished", which verl writes after the last of them too.
 
 Everything else is verl's: dispatch (``generate_sequences``), the status protocol, the reward managers, teacher
 log-probs, and what each sample holds in TransferQueue, field for field (tests/workers/test_group_agent_loop.py).
@@ -31,7 +32,6 @@ from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, apply_greedy_sampling_params
 from verl.utils.rollout_trace import rollout_trace_attr
-from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from verl_ext.compat.verl import (
     AgentLoopWorkerHooks,
@@ -42,6 +42,7 @@ from verl_ext.compat.verl import (
 from verl_ext.settings import read_rollout_settings
 from verl_ext.sample_keys import format_key
 from verl_ext.workers.group_scoring import batchable, score_trajectories
+from verl_ext.workers.group_writer import GroupWriter, SampleRecord
 
 __all__ = ["GroupAgentLoopManager", "GroupAgentLoopWorker"]
 
@@ -79,11 +80,14 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
         # a subclass of one states its own
         super().__init__(*args, **kwargs)
         self.settings = read_rollout_settings(self.config.actor_rollout_ref.rollout)
+        self.group_writer = GroupWriter()
 
     async def run_prompt(self, prompt: dict, sampling_params: dict, trajectory: dict, trace: bool = False) -> None:
         uid, validate = prompt["uid"], trajectory["validate"]
         partition_id = "val" if validate else "train"
-        await tq.async_kv_put(key=uid, partition_id=partition_id, tag={"status": "running"})
+        # the group's requests need not wait for this round trip; it is awaited before any later status
+        running = asyncio.ensure_future(tq.async_kv_put(key=uid, partition_id=partition_id,
+                                                        tag={"status": "running"}))
         errors: list[BaseException] = []
         try:
             n = prompt.pop("__rollout_n__", self.settings.val_n if validate else self.settings.n)
@@ -104,13 +108,16 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
             errors = [result for result in results if isinstance(result, BaseException)]
             if not errors:
                 records = await self._finish_group(results, sessions, validate=validate)
-                await self._put_group(records, partition_id)
+                await running
+                await self.group_writer.write(uid, records, partition_id)  # the samples, then "finished"
         except Exception as error:  # noqa: BLE001 - as verl: the group's status says failure, the trainer refills
             errors.append(error)
+        if not errors:
+            return
         for error in errors:
             logger.error(f"Error in _run_prompt for uid={uid}", exc_info=(type(error), error, error.__traceback__))
-        status = "failure" if errors else "finished"
-        await tq.async_kv_put(key=uid, partition_id=partition_id, tag={"status": status})
+        await asyncio.gather(running, return_exceptions=True)  # "running" must not land after "failure"
+        await tq.async_kv_put(key=uid, partition_id=partition_id, tag={"status": "failure"})
 
     def _new_agent_loop(self, agent_name: str, cls: type | None = None, server_manager=None):
         """An agent loop as verl's ``_run_agent_loop`` builds one; ``cls`` in place of the registered class, and
@@ -139,7 +146,7 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
         return outputs
 
     async def _finish_group(self, trajectories: list[list], sessions: list[dict],
-                            validate: bool) -> list[tuple[str, dict, dict]]:
+                            validate: bool) -> list[SampleRecord]:
         """verl's TransferQueue postprocess of each trajectory up to the put: scores (a group's in one reward call
         where ``batchable``), teacher log-probs, and the (key, fields, tag) of each output."""
         if batchable(self, trajectories):
@@ -159,11 +166,6 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
             records += [(format_key(session["uid"], session["session_id"], i),
                          *self.transfer_queue_record(output, session)) for i, output in enumerate(outputs)]
         return records
-
-    async def _put_group(self, records: list[tuple[str, dict, dict]], partition_id: str) -> None:
-        keys, fields, tags = (list(column) for column in zip(*records, strict=True))
-        await tq.async_kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), tags=tags,
-                                    partition_id=partition_id)
 
 
 class GroupAgentLoopManager(AgentLoopManagerTQ):

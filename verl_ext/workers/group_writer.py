@@ -1,0 +1,104 @@
+"""A worker's finished GRPO groups into TransferQueue, the groups that finish together in one put.
+
+A TransferQueue put is several round trips (the controller's metadata, each storage unit, the tags) and a
+TensorDict built column by column. In demo_cpu one group of 8 samples costs about 20 ms of the worker's time, 8
+groups in one put about 7 ms each. A rollout's groups finish in bursts near its end, and one put a group queued
+them one behind the other on the worker's event loop and the storage units: the last group waited for the
+others' puts before its own.
+
+``GroupWriter`` keeps one put in flight a worker. The groups that finish while it runs go out together in the
+next one: their samples in one put, then their statuses ("finished") in one tag-only put. verl's trainer takes a
+group's samples only once its status says "finished", so samples before status, within a put as per group, is
+all the protocol asks. Groups are coalesced only with groups of the same partition and the same fields. If a
+put of several groups fails, each of them is put again alone, so that one bad group fails by itself; a group
+that fails raises from ``write``, and its caller writes its failure status, as before.
+
+Everything runs on the worker's event loop: the queue is touched by no other thread, so it takes no lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from itertools import groupby
+
+import transfer_queue as tq
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+__all__ = ["GroupWriter", "SampleRecord"]
+
+logger = logging.getLogger(__name__)
+
+SampleRecord = tuple[str, dict, dict]  # one sample's (key, fields, tag) in TransferQueue
+
+
+@dataclass
+class _QueuedGroup:
+    uid: str
+    records: list[SampleRecord]  # [the group's samples]
+    partition_id: str
+    written: asyncio.Future  # -> None once the samples and the "finished" status are in
+
+    @property
+    def coalesce_key(self) -> tuple:
+        return self.partition_id, tuple(self.records[0][1])
+
+
+class GroupWriter:
+    """Writes finished groups to TransferQueue, one put in flight, the groups queued behind it in the next."""
+
+    def __init__(self):
+        self._queued: list[_QueuedGroup] = []
+        self._draining: asyncio.Task | None = None
+
+    async def write(self, uid: str, records: list[SampleRecord], partition_id: str) -> None:
+        """Returns once the group's samples and its "finished" status are in TransferQueue; raises if they are not."""
+        if not records:
+            raise ValueError(f"group {uid} has no samples to write")
+        written = asyncio.get_running_loop().create_future()
+        self._queued.append(_QueuedGroup(uid, records, partition_id, written))
+        if self._draining is None or self._draining.done():
+            self._draining = asyncio.ensure_future(self._drain())
+        await written
+
+    async def _drain(self) -> None:
+        while self._queued:
+            queued, self._queued = self._queued, []
+            queued.sort(key=lambda group: group.coalesce_key)  # stable: groups keep their order within a put
+            for _, together in groupby(queued, key=lambda group: group.coalesce_key):
+                await self._put_coalesced(list(together))
+
+    async def _put_coalesced(self, groups: list[_QueuedGroup]) -> None:
+        try:
+            await _put(groups)
+        except Exception as error:  # noqa: BLE001 - handed to each group's writer, or retried group by group
+            if len(groups) == 1:
+                _settle(groups[0], error)
+                return
+            logger.warning(f"a put of {len(groups)} groups failed ({error!r}); putting them one at a time")
+            for group in groups:
+                await self._put_coalesced([group])
+            return
+        for group in groups:
+            _settle(group, None)
+
+
+async def _put(groups: list[_QueuedGroup]) -> None:
+    """The groups' samples in one put, then their "finished" statuses in one tag-only put."""
+    records = [record for group in groups for record in group.records]
+    keys, fields, tags = (list(column) for column in zip(*records, strict=True))
+    partition_id = groups[0].partition_id
+    await tq.async_kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), tags=tags,
+                                partition_id=partition_id)
+    await tq.async_kv_batch_put(keys=[group.uid for group in groups], partition_id=partition_id,
+                                tags=[{"status": "finished"} for _ in groups])
+
+
+def _settle(group: _QueuedGroup, error: BaseException | None) -> None:
+    if group.written.done():  # its writer was cancelled
+        return
+    if error is None:
+        group.written.set_result(None)
+    else:
+        group.written.set_exception(error)
