@@ -153,6 +153,7 @@ def test_group_worker_writes_what_verls_worker_writes(config, cluster):
         worker = worker_class(config, client, None, rewards)
         asyncio.run(_generate(worker, _batch(config, prefix)))
         written[prefix] = _written(prefix)
+    assert worker.settled_groups.count == PROMPTS + 1  # each group's final status, the trainer's wake-up
 
     (verl_fields, verl_tags, verl_status), (group_fields, group_tags, group_status) = written.values()
     expected_keys = {f"{p}_{s}_0" for p in range(PROMPTS) for s in range(SAMPLES)}

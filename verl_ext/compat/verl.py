@@ -210,6 +210,22 @@ class VllmServerHooks:
         return self.worker_extension_cls()
 
 
+# ---- the replay buffer's wait between polls (trainer/ppo/v1/replay_buffer.py) ----------------------------------------
+
+
+def wait_between_polls(replay_buffer, wait) -> None:
+    """verl's replay buffer calls ``wait(poll_interval)`` between two polls of TransferQueue, where it slept the
+    interval (``_wait_for_next_poll``); its progress log stays verl's."""
+    interval, wait_and_log = replay_buffer.poll_interval, replay_buffer._wait_for_next_poll
+
+    def wait_then_log(partition_id, last_debug_time):
+        wait(interval)
+        return wait_and_log(partition_id, last_debug_time)  # sleeps poll_interval, 0 from here on, then logs
+
+    replay_buffer.poll_interval = 0.0
+    replay_buffer._wait_for_next_poll = wait_then_log
+
+
 # ---- the TransferQueue agent-loop worker (trainer/ppo/v1/agent_loop_tq.py) ---------------------------------------
 
 # verl's worker class itself: the module's ``AgentLoopWorkerTQ`` is its ``@ray.remote`` actor class.

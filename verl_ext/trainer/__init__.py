@@ -6,6 +6,7 @@ classes in ``PPOTrainer._init_resource_pool_mgr``; its trainer registry is the s
 (``verl_ext.compat.verl.TrainerHooks``), reads its settings from ``verl_ext.settings`` and hands each job on:
 
     batch_order             a step's samples in submission order, so a run with full_determinism repeats
+    workers.status_signal   the replay buffer woken as the group workers write statuses, not at its next poll
     group_balance           whole prompt groups per rank and update mini-batch (``actor.use_prefix_grouper``)
     rollout_metrics         the rollout's throughput, phase breakdown and speculation counters
     speculation_checkpoint  the drafter history saved with checkpoints and restored on resume
@@ -17,7 +18,7 @@ from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from verl_ext.compat.verl import SyncTrainerMode, TrainerHooks, data_parallel_size
+from verl_ext.compat.verl import SyncTrainerMode, TrainerHooks, data_parallel_size, wait_between_polls
 from verl_ext.settings import Settings, read_settings
 from verl_ext.trainer import speculation_checkpoint
 from verl_ext.trainer.batch_order import SubmissionOrder, response_bytes
@@ -25,6 +26,8 @@ from verl_ext.trainer.group_balance import check_mini_batches, place_whole_group
 from verl_ext.trainer.rollout_metrics import rollout_metrics
 from verl_ext.trainer.rollout_servers import dead_server_named, verl_ext_servers
 from verl_ext.workers import ActorRolloutRefWorker, TrainingWorker
+from verl_ext.workers.agent_loop import GroupAgentLoopManager
+from verl_ext.workers.status_signal import StatusWaiter
 
 __all__ = ["TRAINER_MODE", "VerlExtTrainer"]
 
@@ -61,7 +64,13 @@ class VerlExtTrainer(SyncTrainerMode, TrainerHooks, PPOTrainerSync):
         poll_interval = self.settings.trainer.poll_interval
         if poll_interval is not None:
             replay_buffer.poll_interval = float(poll_interval)
+        # verl_ext's group workers wake the trainer when a group's status is written (workers/status_signal.py)
+        wait_between_polls(replay_buffer, StatusWaiter(self._group_workers))
         return replay_buffer
+
+    def _group_workers(self) -> list | None:
+        manager = getattr(self, "agent_loop_manager", None)  # set by fit(), after the replay buffer is built
+        return manager.agent_loop_workers if isinstance(manager, GroupAgentLoopManager) else None
 
     def init_resource_pool_mgr(self):
         super().init_resource_pool_mgr()

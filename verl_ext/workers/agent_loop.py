@@ -16,7 +16,8 @@ This worker runs a group as one unit:
   (``group_scoring.py``);
 - the group's samples go to TransferQueue in one put once all n are done, with the other groups that finish
   meanwhile (``group_writer.py``): verl's trainer takes a prompt's samples only when the group's status says
-  "finished", which verl writes after the last of them too.
+  "finished", which verl writes after the last of them too;
+- the trainer is woken as each group's final status is written instead of at its next poll (``status_signal.py``).
 
 Everything else is verl's: dispatch (``generate_sequences``), the status protocol, the reward managers, teacher
 log-probs, and what each sample holds in TransferQueue, field for field (tests/workers/test_group_agent_loop.py).
@@ -43,6 +44,7 @@ from verl_ext.settings import read_rollout_settings
 from verl_ext.sample_keys import format_key
 from verl_ext.workers.group_scoring import batchable, score_trajectories
 from verl_ext.workers.group_writer import GroupWriter, SampleRecord
+from verl_ext.workers.status_signal import SettledCount
 
 __all__ = ["GroupAgentLoopManager", "GroupAgentLoopWorker"]
 
@@ -81,6 +83,11 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
         super().__init__(*args, **kwargs)
         self.settings = read_rollout_settings(self.config.actor_rollout_ref.rollout)
         self.group_writer = GroupWriter()
+        self.settled_groups = SettledCount()  # what the trainer waits on between its polls (status_signal.py)
+
+    async def wait_settled(self, seen: int, timeout_s: float) -> int:
+        """How many groups' final statuses this worker has written, once more than ``seen`` or after ``timeout_s``."""
+        return await self.settled_groups.wait_beyond(seen, timeout_s)
 
     async def run_prompt(self, prompt: dict, sampling_params: dict, trajectory: dict, trace: bool = False) -> None:
         uid, validate = prompt["uid"], trajectory["validate"]
@@ -113,11 +120,13 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
         except Exception as error:  # noqa: BLE001 - as verl: the group's status says failure, the trainer refills
             errors.append(error)
         if not errors:
+            self.settled_groups.add()
             return
         for error in errors:
             logger.error(f"Error in _run_prompt for uid={uid}", exc_info=(type(error), error, error.__traceback__))
         await asyncio.gather(running, return_exceptions=True)  # "running" must not land after "failure"
         await tq.async_kv_put(key=uid, partition_id=partition_id, tag={"status": "failure"})
+        self.settled_groups.add()
 
     def _new_agent_loop(self, agent_name: str, cls: type | None = None, server_manager=None):
         """An agent loop as verl's ``_run_agent_loop`` builds one; ``cls`` in place of the registered class, and

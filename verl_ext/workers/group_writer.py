@@ -6,12 +6,12 @@ groups in one put about 7 ms each. A rollout's groups finish in bursts near its 
 them one behind the other on the worker's event loop and the storage units: the last group waited for the
 others' puts before its own.
 
-``GroupWriter`` keeps one put in flight a worker. The groups that finish while it runs go out together in the
-next one: their samples in one put, then their statuses ("finished") in one tag-only put. verl's trainer takes a
-group's samples only once its status says "finished", so samples before status, within a put as per group, is
-all the protocol asks. Groups are coalesced only with groups of the same partition and the same fields. If a
-put of several groups fails, each of them is put again alone, so that one bad group fails by itself; a group
-that fails raises from ``write``, and its caller writes its failure status, as before.
+``GroupWriter`` keeps one put of samples in flight a worker. The groups that finish while it runs go out together
+in the next one; once a put's samples are in, their statuses ("finished") follow in one tag-only put, while the
+next put of samples starts. verl's trainer takes a group's samples only once its status says "finished", so a
+group's samples before its status is all the protocol asks. Groups are coalesced only with groups of the same
+partition and the same fields. If a put of several groups fails, each of them is put again alone, so that one bad
+group fails by itself; a group that fails raises from ``write``, and its caller writes its failure status.
 
 Everything runs on the worker's event loop: the queue is touched by no other thread, so it takes no lock.
 """
@@ -46,11 +46,13 @@ class _QueuedGroup:
 
 
 class GroupWriter:
-    """Writes finished groups to TransferQueue, one put in flight, the groups queued behind it in the next."""
+    """Writes finished groups to TransferQueue, one put of samples in flight, the groups queued behind it in the
+    next. A put's statuses go out as the next put of samples starts: only a group's own samples must precede them."""
 
     def __init__(self):
         self._queued: list[_QueuedGroup] = []
         self._draining: asyncio.Task | None = None
+        self._status_puts: set[asyncio.Task] = set()  # held here: the event loop keeps weak references to tasks
 
     async def write(self, uid: str, records: list[SampleRecord], partition_id: str) -> None:
         """Returns once the group's samples and its "finished" status are in TransferQueue; raises if they are not."""
@@ -71,34 +73,43 @@ class GroupWriter:
 
     async def _put_coalesced(self, groups: list[_QueuedGroup]) -> None:
         try:
-            await _put(groups)
+            await _put_samples(groups)
         except Exception as error:  # noqa: BLE001 - handed to each group's writer, or retried group by group
             if len(groups) == 1:
-                _settle(groups[0], error)
+                _settle(groups, error)
                 return
             logger.warning(f"a put of {len(groups)} groups failed ({error!r}); putting them one at a time")
             for group in groups:
                 await self._put_coalesced([group])
             return
-        for group in groups:
-            _settle(group, None)
+        status_put = asyncio.ensure_future(_put_finished(groups))
+        self._status_puts.add(status_put)
+        status_put.add_done_callback(self._status_puts.discard)
 
 
-async def _put(groups: list[_QueuedGroup]) -> None:
-    """The groups' samples in one put, then their "finished" statuses in one tag-only put."""
+async def _put_samples(groups: list[_QueuedGroup]) -> None:
     records = [record for group in groups for record in group.records]
     keys, fields, tags = (list(column) for column in zip(*records, strict=True))
-    partition_id = groups[0].partition_id
     await tq.async_kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), tags=tags,
-                                partition_id=partition_id)
-    await tq.async_kv_batch_put(keys=[group.uid for group in groups], partition_id=partition_id,
-                                tags=[{"status": "finished"} for _ in groups])
+                                partition_id=groups[0].partition_id)
 
 
-def _settle(group: _QueuedGroup, error: BaseException | None) -> None:
-    if group.written.done():  # its writer was cancelled
+async def _put_finished(groups: list[_QueuedGroup]) -> None:
+    """The groups' "finished" statuses in one tag-only put, then their writers answered."""
+    try:
+        await tq.async_kv_batch_put(keys=[group.uid for group in groups], partition_id=groups[0].partition_id,
+                                    tags=[{"status": "finished"} for _ in groups])
+    except Exception as error:  # noqa: BLE001 - handed to each group's writer
+        _settle(groups, error)
         return
-    if error is None:
-        group.written.set_result(None)
-    else:
-        group.written.set_exception(error)
+    _settle(groups, None)
+
+
+def _settle(groups: list[_QueuedGroup], error: BaseException | None) -> None:
+    for group in groups:
+        if group.written.done():  # its writer was cancelled
+            continue
+        if error is None:
+            group.written.set_result(None)
+        else:
+            group.written.set_exception(error)
