@@ -1,6 +1,7 @@
 """The whole GRPO step as the trainer sees it: verl's own GRPO (`grpo_baseline`) against verl_ext (`demo_cpu`).
 
-    python benchmarks/e2e.py [--steps 40] [--out outputs/bench_e2e] [--reuse] [--long] [OVERRIDE ...]   (make bench-e2e)
+    python benchmarks/e2e.py [--steps 40] [--out outputs/bench_e2e] [--reuse] [--long] [--repeat N] [OVERRIDE ...]
+    (make bench-e2e)
 
 Runs both recipes on the embedded default for the same steps, one after the other on this machine, and prints
 the means over the final 30% of steps from verl's metrics JSONL: step, rollout phase (timing_s/gen), the
@@ -8,10 +9,14 @@ engine's busy time and tokens/s, the actor passes, and the rollout phase by wher
 prefill, decode and verification, drafting on the critical path, outside the engine: the server waiting for
 requests, verl's agent loop and the data's way back), with the ratio of the two runs. --long: the same on the
 long-answer task (demo_cpu_long against grpo_baseline on its data), where decoding dominates the rollout.
+--repeat N: N pairs of runs, baseline and ours alternately (each pair under <out>/pair<i>), each pair's table,
+then each row's median ratio over the pairs and its range. A small machine's speed drifts by 10-20% over the
+minutes between two runs; pairs run alternately and a median are what make a ratio's bar decidable there.
 """
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -69,14 +74,31 @@ def final_means(path: Path) -> dict[str, float]:
     return means
 
 
+def ratio(key: str, base: dict, ours: dict) -> float | None:
+    """How many times better ours is (for sizes: ours / baseline); None where either run lacks the metric."""
+    b, o = base.get(key), ours.get(key)
+    if not b or not o:
+        return None
+    return o / b if key in SPEEDS | SIZES else b / o
+
+
 def table(base: dict, ours: dict, steps: int, ours_name: str = "demo_cpu") -> str:
     lines = [f"final {FINAL_SHARE:.0%} of {steps} steps (means)",
              f"{'':<34}{'grpo_baseline':>14}{ours_name:>14}{'ratio':>8}"]
     for title, key in ROWS:
-        b, o = base.get(key), ours.get(key)
+        b, o, r = base.get(key), ours.get(key), ratio(key, base, ours)
         cells = [f"{v:>14.3f}" if v is not None else f"{'-':>14}" for v in (b, o)]
-        ratio = "" if not b or not o else f"{(o / b if key in SPEEDS | SIZES else b / o):>7.2f}x"
-        lines.append(f"{title:<34}{cells[0]}{cells[1]}{ratio:>8}")
+        lines.append(f"{title:<34}{cells[0]}{cells[1]}{'' if r is None else f'{r:>7.2f}x':>8}")
+    return "\n".join(lines)
+
+
+def median_table(pairs: list[tuple[dict, dict]]) -> str:
+    """Each row's ratio over the pairs: median, then lowest and highest."""
+    lines = [f"median ratio over {len(pairs)} pairs run alternately (lowest - highest)"]
+    for title, key in ROWS:
+        ratios = [r for r in (ratio(key, base, ours) for base, ours in pairs) if r is not None]
+        if ratios:
+            lines.append(f"{title:<34}{statistics.median(ratios):>7.2f}x   ({min(ratios):.2f} - {max(ratios):.2f})")
     return "\n".join(lines)
 
 
@@ -86,16 +108,24 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("outputs/bench_e2e"))
     parser.add_argument("--reuse", action="store_true", help="reuse the runs already in --out")
     parser.add_argument("--long", action="store_true", help="the long-answer task: grpo_baseline vs demo_cpu_long")
+    parser.add_argument("--repeat", type=int, default=1, help="pairs of runs, baseline and ours alternately")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides given to both runs")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat}: give 1 or more pairs of runs")
     out = args.out.resolve()
     recipes = LONG_RECIPES if args.long else RECIPES
-    if not args.reuse:
-        for recipe in recipes:
-            baseline_extra = LONG_BASELINE if args.long and recipe == "grpo_baseline" else []
-            run(recipe, args.steps, out, baseline_extra + args.overrides)
-    base, ours = (final_means(out / recipe / "metrics.jsonl") for recipe in recipes)
-    print("\n" + table(base, ours, args.steps, recipes[1]))
+    pair_dirs = [out] if args.repeat == 1 else [out / f"pair{i}" for i in range(args.repeat)]
+    pairs = []
+    for pair_dir in pair_dirs:
+        if not args.reuse:
+            for recipe in recipes:
+                baseline_extra = LONG_BASELINE if args.long and recipe == "grpo_baseline" else []
+                run(recipe, args.steps, pair_dir, baseline_extra + args.overrides)
+        pairs.append(tuple(final_means(pair_dir / recipe / "metrics.jsonl") for recipe in recipes))
+        print(f"\n{pair_dir}\n" + table(*pairs[-1], args.steps, recipes[1]))
+    if len(pairs) > 1:
+        print("\n" + median_table(pairs))
 
 
 if __name__ == "__main__":
