@@ -33,3 +33,17 @@ def test_speculation_ratios_are_recomputed_from_the_sums():
 def test_a_server_that_does_not_time_itself_adds_no_engine_metrics():
     # verl_ext's vLLM server reports no engine time: only verl's own rollout phase is used
     assert rollout_metrics(STEP, [{}], samples=8) == {"rollout/tokens_per_s": pytest.approx(40.0)}
+
+
+def test_time_outside_the_servers_is_split_by_where_it_lies():
+    # sampling began at 100.0; the first request any replica took came at 100.5, the last result at 108.0; the
+    # batch was sampled at 108.75 and the replicas asleep at 109.0
+    first = {**server(4.0, 6.0, 3.0), "rollout/span/first_request_at": 101.0, "rollout/span/last_result_at": 107.0}
+    second = {**server(7.0, 7.5, 5.0), "rollout/span/first_request_at": 100.5, "rollout/span/last_result_at": 108.0}
+    out = rollout_metrics(STEP, [first, second], samples=8, sample_window=(100.0, 108.75, 109.0))
+    assert out["rollout/phase/before_first_request_s"] == pytest.approx(0.5)
+    assert out["rollout/phase/after_last_result_s"] == pytest.approx(0.75)
+    assert out["rollout/phase/replica_sleep_s"] == pytest.approx(0.25)
+    assert not any(key.startswith("rollout/span/") for key in out)  # the clock times are not metrics
+    # without the trainer's window (verl's trainer) there is no split
+    assert "rollout/phase/after_last_result_s" not in rollout_metrics(STEP, [first, second], samples=8)

@@ -86,7 +86,7 @@ class HFRolloutServer:
         self._accepting = True
         self._busy_s = 0.0  # engine time (admission, prefill, decode) since the last rollout_metrics(); under _lock
         self._tokens = 0  # tokens of the requests finished since then; under _lock
-        # The server's part of the rollout phase since then: first request in to last result out (perf_counter).
+        # The server's part of the rollout phase since then: first request in to last result out (time.time()).
         # No lock: [0] is written by generate() on the event loop, [1] by the decode thread, each a single
         # assignment; _take_metrics reads and resets both under _lock (a request racing the reset only moves
         # where one step's span ends and the next begins).
@@ -115,7 +115,7 @@ class HFRolloutServer:
         loop = asyncio.get_running_loop()
         pending = _PendingRequest(request, parsed.want_log_probs, loop.create_future(), loop, self._aborts_issued)
         if self._span[0] is None:
-            self._span[0] = time.perf_counter()
+            self._span[0] = time.time()  # wall clock: the trainer's stamps are compared with it
         self._open.add(pending.future)
         try:
             self._inbox.put(pending)
@@ -266,7 +266,7 @@ class HFRolloutServer:
                 self.trace.write(self.global_steps, pending.request.prompt_ids, result.token_ids)
             pending.loop.call_soon_threadsafe(_resolve, pending.future, result)
         if done:
-            self._span[1] = time.perf_counter()
+            self._span[1] = time.time()
 
     def _abort_locked(self, aborts_issued: int) -> int:
         """Abort the engine's requests and the backlog's; those still in the inbox come back aborted when the
@@ -291,11 +291,14 @@ class HFRolloutServer:
     def _take_metrics(self) -> dict[str, float]:
         """Engine time and tokens, the rollout phase's part in this server by phase (``rollout/phase/*``: engine
         prefill, decode and drafting; ``server_span_s``, first request in to last result out, of which the
-        engine was idle ``server_idle_s``: waiting for requests), speculation counters."""
+        engine was idle ``server_idle_s``: waiting for requests; the span's ends as wall-clock times,
+        ``rollout/span/*``), speculation counters."""
         first_in, last_out = self._span
         span = last_out - first_in if first_in is not None and last_out is not None and last_out > first_in else 0.0
         metrics = {"rollout/engine_s": self._busy_s, "rollout/engine_tokens": float(self._tokens),
                    "rollout/phase/server_span_s": span, "rollout/phase/server_idle_s": max(0.0, span - self._busy_s)}
+        if span:
+            metrics.update({"rollout/span/first_request_at": first_in, "rollout/span/last_result_at": last_out})
         phases = self.engine.take_phase_seconds()
         metrics.update({f"rollout/phase/{phase}_s": seconds for phase, seconds in phases.items()})
         self._busy_s, self._tokens, self._span = 0.0, 0, [None, None]

@@ -13,6 +13,8 @@ classes in ``PPOTrainer._init_resource_pool_mgr``; its trainer registry is the s
     rollout_servers         the servers that answer verl_ext's calls; a dead one named when training fails
 """
 
+import time
+
 import ray
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
@@ -50,6 +52,8 @@ class VerlExtTrainer(SyncTrainerMode, TrainerHooks, PPOTrainerSync):
         self.settings: Settings = read_settings(config)  # before verl's __init__, which builds the replay buffer
         super().__init__(config, *args, **kwargs)
         self.submission_order = SubmissionOrder()
+        # wall-clock times of this step's sampling: begun, batch sampled, replicas asleep (rollout_metrics)
+        self._sample_window = [None, None, None]
 
     def fit(self, agent_loop_manager):
         if self.settings.prefix_grouper.enabled:  # the workers exist now; no rollout has run yet
@@ -77,6 +81,15 @@ class VerlExtTrainer(SyncTrainerMode, TrainerHooks, PPOTrainerSync):
         for role in self.role_worker_mapping:
             self.role_worker_mapping[role] = ray.remote(_WORKER_FOR_ROLE[role])
 
+    def on_sample_begin(self):
+        self._sample_window = [time.time(), None, None]
+        super().on_sample_begin()
+
+    def on_sample_end(self):
+        self._sample_window[1] = time.time()
+        super().on_sample_end()  # verl's puts the replicas to sleep, inside its rollout phase
+        self._sample_window[2] = time.time()
+
     def fetch_one_gen_batch(self):
         batch = super().fetch_one_gen_batch()
         self.submission_order.record(list(batch["uid"]))
@@ -97,7 +110,8 @@ class VerlExtTrainer(SyncTrainerMode, TrainerHooks, PPOTrainerSync):
         super().compute_metrics(batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
         per_server = ray.get([s.rollout_metrics.remote() for s in self._verl_ext_servers()])
         samples = self.settings.data.train_batch_size * self.settings.rollout.n
-        metrics.update(rollout_metrics(metrics, per_server, samples))
+        window = tuple(self._sample_window) if None not in self._sample_window else None
+        metrics.update(rollout_metrics(metrics, per_server, samples, window))
 
     def save_checkpoint(self):
         # written before verl's tracker file, so a checkpoint that resumes always has its history

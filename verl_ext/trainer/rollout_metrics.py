@@ -7,8 +7,11 @@ vLLM does not), the rollout phase split by where its time goes, and the speculat
 from verl_ext.speculation import SpecMetrics
 
 
-def rollout_metrics(step_metrics: dict, per_server: list[dict], samples: int) -> dict:
-    """``per_server``: each verl_ext server's ``rollout_metrics()``; ``samples``: the step's rollouts."""
+def rollout_metrics(step_metrics: dict, per_server: list[dict], samples: int,
+                    sample_window: tuple[float, float, float] | None = None) -> dict:
+    """``per_server``: each verl_ext server's ``rollout_metrics()``; ``samples``: the step's rollouts;
+    ``sample_window``: wall-clock times in verl's rollout phase: sampling began, the batch was sampled, the
+    replicas were put to sleep (verl's ``on_sample_end``)."""
     out = {}
     if step_metrics.get("timing_s/gen"):
         out["rollout/tokens_per_s"] = step_metrics["response_length/mean"] * samples / step_metrics["timing_s/gen"]
@@ -20,6 +23,7 @@ def rollout_metrics(step_metrics: dict, per_server: list[dict], samples: int) ->
         out["rollout/engine_s"] = engine_s
         out["rollout/engine_tokens_per_s"] = tokens / engine_s if engine_s > 0 else 0.0
         out.update(rollout_phases(timed, step_metrics.get("timing_s/gen")))
+        out.update(outside_server_ends(timed, sample_window))
     with_speculation = [m for m in per_server if any(k.startswith("rollout/spec/") for k in m)]
     if with_speculation:
         out.update(merge_speculation_metrics(with_speculation))
@@ -38,6 +42,23 @@ def rollout_phases(per_server: list[dict], gen_s: float | None) -> dict:
         phases["rollout/phase/outside_server_s"] = max(0.0, gen_s - phases["rollout/phase/server_span_s"])
         phases["rollout/phase/outside_engine_s"] = max(0.0, gen_s - slowest["rollout/engine_s"])
     return phases
+
+
+def outside_server_ends(per_server: list[dict], sample_window: tuple[float, float, float] | None) -> dict:
+    """``outside_server_s`` by where it lies, from wall-clock times: the trainer's sampling began to the first
+    request any server took (``before_first_request_s``: dispatch, the agent loop building prompts); the last
+    result any server gave to the batch sampled (``after_last_result_s``: scoring, the writes to TransferQueue,
+    the trainer seeing the last group's status and fetching the batch); then the replicas put to sleep
+    (``replica_sleep_s``). On one machine the clocks are one; across nodes they differ by their offset, so
+    these are as good as the cluster's clock sync."""
+    firsts = [m["rollout/span/first_request_at"] for m in per_server if "rollout/span/first_request_at" in m]
+    lasts = [m["rollout/span/last_result_at"] for m in per_server if "rollout/span/last_result_at" in m]
+    if sample_window is None or not firsts or not lasts:
+        return {}
+    begin, sampled, asleep = sample_window
+    return {"rollout/phase/before_first_request_s": max(0.0, min(firsts) - begin),
+            "rollout/phase/after_last_result_s": max(0.0, sampled - max(lasts)),
+            "rollout/phase/replica_sleep_s": asleep - sampled}
 
 
 def merge_speculation_metrics(per_server: list[dict]) -> dict:
