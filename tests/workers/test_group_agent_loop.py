@@ -186,10 +186,11 @@ def test_group_worker_writes_what_verls_worker_writes(config, cluster):
     assert len(group_fields["0_0_0"]) > 15, sorted(group_fields["0_0_0"])
 
 
-def test_group_scores_are_each_samples_own(config, cluster):
-    """A group scored in one reward-loop call gets, sample for sample, what verl's per-sample call gives it: four
-    answers of different lengths and different scores (a canonical one, a wrong field, a fragment, none), so a
-    padding mistake or a row given another's score changes a score."""
+def test_samples_scored_together_get_their_own_scores(config, cluster):
+    """Samples scored together in reward-loop calls get, sample for sample, what verl's per-sample call gives
+    them: two prompts of different lengths, four answers each of different lengths and scores (a canonical one, a
+    wrong field, a fragment, none), so a padding mistake or a row given another's score changes a score. Then a
+    sample whose ground truth is not JSON fails its call; it fails alone, the call's others scored again alone."""
     import pickle
 
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
@@ -198,42 +199,81 @@ def test_group_scores_are_each_samples_own(config, cluster):
     from verl.utils.config import omega_conf_to_dataclass
 
     from verl_ext.workers.agent_loop import GroupAgentLoopWorker
-    from verl_ext.workers.group_scoring import _reward_inputs, batchable, score_trajectories
+    from verl_ext.workers.group_scoring import CALLS_IN_FLIGHT, reward_inputs
 
     tokenizer = omega_conf_to_dataclass(config.actor_rollout_ref.model).tokenizer
-    row = create_rl_dataset(config.data.train_files, config.data, tokenizer, None, is_train=True)[0]
-    truth = row["reward_model"]["ground_truth"]
-    answers = [truth, truth.replace(": ", ": [", 1).replace(",", "],", 1), truth[1:20], "no idea"]
-    prompt = {key: row[key] for key in ("data_source", "reward_model", "extra_info", "raw_prompt", "index")}
-    sessions = [{**prompt, "uid": "u", "session_id": i, "global_steps": 1} for i in range(len(answers))]
-    prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(row["raw_prompt"], add_generation_prompt=True,
-                                                             tokenize=False))
+    dataset = create_rl_dataset(config.data.train_files, config.data, tokenizer, None, is_train=True)
 
-    def trajectories():
-        return [[AgentLoopOutput(prompt_ids=list(prompt_ids), response_ids=ids, response_mask=[1] * len(ids),
-                                 num_turns=2, metrics=AgentLoopMetrics())]
-                for ids in (tokenizer.encode(answer) for answer in answers)]
+    def prompt_ids(row):
+        return tokenizer.encode(tokenizer.apply_chat_template(row["raw_prompt"], add_generation_prompt=True,
+                                                              tokenize=False))
 
-    worker = GroupAgentLoopWorker(config, None, None, [ray.remote(RewardLoopWorker).remote(config)])
-    alone, together = trajectories(), trajectories()
-    assert batchable(worker, together)
+    rows = [dataset[0]]
+    rows.append(next(row for row in (dataset[i] for i in range(1, len(dataset)))
+                     if len(prompt_ids(row)) != len(prompt_ids(rows[0]))))
+    samples = []  # (prompt ids, answer, session)
+    for uid, row in enumerate(rows):
+        truth = row["reward_model"]["ground_truth"]
+        prompt = {key: row[key] for key in ("data_source", "reward_model", "extra_info", "raw_prompt", "index")}
+        answers = [truth, truth.replace(": ", ": [", 1).replace(",", "],", 1), truth[1:20 + 7 * uid], "no idea"]
+        samples += [(prompt_ids(row), answer, {**prompt, "uid": str(uid), "session_id": i, "global_steps": 1})
+                    for i, answer in enumerate(answers)]
+    broken_session = {**samples[0][2], "reward_model": {**samples[0][2]["reward_model"], "ground_truth": "{not json"}}
+    broken = (samples[0][0], "no idea either", {**broken_session, "session_id": len(samples)})
+
+    def trajectories(chosen):
+        return [[AgentLoopOutput(prompt_ids=list(ids), response_ids=tokenizer.encode(answer),
+                                 response_mask=[1] * len(tokenizer.encode(answer)), num_turns=2,
+                                 metrics=AgentLoopMetrics())] for ids, answer, _ in chosen]
+
+    reward_worker = ray.remote(RewardLoopWorker).remote(config)
+    worker = GroupAgentLoopWorker(config, None, None, [reward_worker])
+    batcher = worker.reward_batcher
+    sessions = [session for *_, session in samples]
+    alone, together = trajectories(samples), trajectories(samples)
+    # a failed call is retried sample by sample, which would hide a padding mistake: the broken sample comes later
+    retried = [2, 4, 3, None, 5]  # samples[i], None: the broken one, in a call with the last three
+    after_failure = trajectories([broken if i is None else samples[i] for i in retried])
+    assert all(batcher.takes(outputs) for outputs in together + after_failure)
+
+    async def score_together(trajectories, sessions):
+        return await asyncio.gather(*(batcher.score(outputs[0], session)
+                                      for outputs, session in zip(trajectories, sessions, strict=True)),
+                                    return_exceptions=True)
 
     async def score():
         for outputs, session in zip(alone, sessions):
             await worker.compute_score(outputs, kwargs=session)
-        await score_trajectories(worker, together, sessions)
+        first = await score_together(together, sessions)
+        calls = batcher.calls
+        second = await score_together(after_failure, [broken[2] if i is None else sessions[i] for i in retried])
+        return first, calls, second, batcher.calls - calls
 
-    asyncio.run(score())
+    first, calls, second, second_calls = asyncio.run(score())
+    # the first calls go at once, one sample each; the samples that came while they ran, in one call
+    assert calls == CALLS_IN_FLIGHT + 1 and first == [None] * len(samples), (calls, first)
     expected = [outputs[0].reward_score for outputs in alone]
-    assert len(set(expected)) == len(answers), expected  # the comparison has teeth
+    assert all(len(set(expected[i:i + 4])) == 4 for i in (0, 4)), expected  # the comparison has teeth
     assert [outputs[0].reward_score for outputs in together] == expected
     assert [outputs[0].extra_fields["reward_extra_info"] for outputs in together] == \
         [outputs[0].extra_fields["reward_extra_info"] for outputs in alone]
+    # a sample whose scoring fails a call fails alone; the others of the call get their own scores
+    assert second_calls == CALLS_IN_FLIGHT + 1, second_calls
+    assert [isinstance(result, Exception) for result in second] == [i is None for i in retried], second
+    assert [outputs[0].reward_score for outputs in after_failure] == \
+        [None if i is None else expected[i] for i in retried]
+    # the control: the same rows with the prompts right-padded (each row's tokens moved to the left) score the
+    # shorter prompt's answers wrong
+    outputs = [outputs[0] for outputs in together[CALLS_IN_FLIGHT:]]
+    inputs = reward_inputs(outputs, sessions[CALLS_IN_FLIGHT:])
+    for row, output in enumerate(outputs):
+        pad = inputs.batch["prompts"].shape[1] - len(output.prompt_ids)
+        for name in ("input_ids", "attention_mask"):
+            inputs.batch[name][row] = inputs.batch[name][row].roll(-pad)
+    misread = [result["reward_score"] for result in ray.get(reward_worker.compute_score_batch.remote(inputs))]
+    assert misread != expected[CALLS_IN_FLIGHT:], misread
     # after a Ray message, rows do not share a mutable value: the reward manager writes into a row's extra_info
-    received = pickle.loads(pickle.dumps(_reward_inputs([outputs[0] for outputs in together], sessions)))
+    received = pickle.loads(pickle.dumps(reward_inputs([outputs[0] for outputs in together[:2]], sessions[:2])))
     assert received.non_tensor_batch["extra_info"][0] is not received.non_tensor_batch["extra_info"][1]
-    # what is not batched: a trajectory already scored, or prompts of different lengths
-    assert not batchable(worker, alone)
-    uneven = trajectories()
-    uneven[0][0].prompt_ids.append(0)
-    assert not batchable(worker, uneven)
+    # what is not scored here: a trajectory already scored
+    assert not worker.reward_batcher.takes(alone[0])

@@ -12,8 +12,8 @@ This worker runs a group as one unit:
   or a single-turn one registered with settings of its own, gets one per sample as in verl: it may hold a
   conversation's state), and one rollout server, taken from verl's load balancer once for the group instead of
   once per sample (``compat.verl.group_server_client``);
-- a group's rewards are computed in one call to a reward-loop worker instead of one per sample
-  (``group_scoring.py``);
+- a sample is scored as it finishes, as in verl, but the samples that finish together (of any of the worker's
+  groups) in one call to a reward-loop worker instead of one call each (``group_scoring.py``);
 - the group's samples go to TransferQueue in one put once all n are done, with the other groups that finish
   meanwhile (``group_writer.py``): verl's trainer takes a prompt's samples only when the group's status says
   "finished", which verl writes after the last of them too;
@@ -42,7 +42,7 @@ from verl_ext.compat.verl import (
 )
 from verl_ext.settings import read_rollout_settings
 from verl_ext.sample_keys import format_key
-from verl_ext.workers.group_scoring import batchable, score_trajectories
+from verl_ext.workers.group_scoring import RewardBatcher
 from verl_ext.workers.group_writer import GroupWriter, SampleRecord
 from verl_ext.workers.status_signal import SettledCount
 
@@ -83,6 +83,7 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
         super().__init__(*args, **kwargs)
         self.settings = read_rollout_settings(self.config.actor_rollout_ref.rollout)
         self.group_writer = GroupWriter()
+        self.reward_batcher = RewardBatcher(self)
         self.settled_groups = SettledCount()  # what the trainer waits on between its polls (status_signal.py)
 
     async def wait_settled(self, seen: int, timeout_s: float) -> int:
@@ -144,7 +145,8 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
 
     async def _run_session(self, agent_loop, sampling_params: dict, trajectory: dict, trace: bool,
                            session: dict) -> list:
-        """One sample's agent loop, as verl's ``_run_agent_loop`` runs it: its outputs (a trajectory)."""
+        """One sample's agent loop, as verl's ``_run_agent_loop`` runs it, and its score: its outputs (a
+        trajectory)."""
         with rollout_trace_attr(step=trajectory["step"], sample_index=trajectory["sample_index"],
                                 rollout_n=trajectory["rollout_n"], validate=trajectory["validate"],
                                 name="agent_loop", trace=trace):
@@ -152,17 +154,16 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
         outputs = output if isinstance(output, list) else [output]
         if not outputs:  # verl warns and writes no sample, leaving the group one short: here the group fails
             raise ValueError(f"empty output for prompt {session['uid']}_{session['session_id']}")
+        if self.reward_batcher.takes(outputs):
+            await self.reward_batcher.score(outputs[0], session)
+        else:
+            await self.compute_score(outputs, kwargs=session)
         return outputs
 
     async def _finish_group(self, trajectories: list[list], sessions: list[dict],
                             validate: bool) -> list[SampleRecord]:
-        """verl's TransferQueue postprocess of each trajectory up to the put: scores (a group's in one reward call
-        where ``batchable``), teacher log-probs, and the (key, fields, tag) of each output."""
-        if batchable(self, trajectories):
-            await score_trajectories(self, trajectories, sessions)
-        else:
-            await asyncio.gather(*(self.compute_score(outputs, kwargs=session)
-                                   for outputs, session in zip(trajectories, sessions, strict=True)))
+        """verl's TransferQueue postprocess of each scored trajectory up to the put: teacher log-probs, and the
+        (key, fields, tag) of each output."""
         await asyncio.gather(*(self.compute_teacher_logprobs(outputs[-1], validate=validate, sample_kwargs=session)
                                for outputs, session in zip(trajectories, sessions, strict=True)))
         records = []
