@@ -69,7 +69,7 @@ class RewardBatcher:
         """Whether this trajectory is scored here: a reward-loop worker scores it (not the trainer), the model is
         text-only (verl's positions are then plain; a processor's M-RoPE positions need the media), and it is one
         output not scored yet (an agent loop may score its own; a multi-turn trajectory has several)."""
-        return (self._worker.reward_loop_worker_handles is not None and self._worker.processor is None
+        return (bool(self._worker.reward_loop_worker_handles) and self._worker.processor is None
                 and len(outputs) == 1 and outputs[0].reward_score is None and not outputs[0].multi_modal_data)
 
     async def score(self, output, session: dict) -> None:
