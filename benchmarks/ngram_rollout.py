@@ -199,7 +199,10 @@ def time_model_rollouts(model, pad_token_id: int, stops: frozenset, history_step
     variants = variants or default_variants()
     settings = SamplingSettings(temperature=temperature)
     warm_up = [GenerationRequest(p, response_length, settings, stops) for p, _ in final_steps[0][:8]]
-    HFGenerationEngine(model, pad_token_id=pad_token_id).generate(warm_up)  # kernels, allocator
+    for name in variants:  # kernels, allocator, and the drafter's compiled code (numba compiles it on first use
+        warm = _VariantRun(model, pad_token_id, variants[name], history_steps[:1], device_ms)  # where its cache
+        warm.generate(warm_up)  # is cold, as on a fresh GPU machine: seconds that were the first variant's alone)
+        warm.finish()
     steps = [[GenerationRequest(p, response_length, settings, stops) for p, _ in rollouts] for rollouts in final_steps]
     names = list(variants)
     tokens, seconds = dict.fromkeys(names, 0), dict.fromkeys(names, 0.0)

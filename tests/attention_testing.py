@@ -130,7 +130,7 @@ def _result(model, log_probs, entropy) -> Result:
     """Backward of a weighted sum of response log-probs and entropies (fixed weights)."""
     lp, ent = torch.cat(log_probs), torch.cat(entropy)
     g = torch.Generator().manual_seed(1234)
-    w_lp, w_ent = (torch.randn(len(lp), generator=g).to(lp.dtype) for _ in range(2))
+    w_lp, w_ent = (torch.randn(len(lp), generator=g).to(lp.device, lp.dtype) for _ in range(2))
     loss = (w_lp * lp).sum() + 0.1 * (w_ent * ent).sum()
     named = list(model.named_parameters())
     grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
@@ -242,23 +242,24 @@ def _cut(members: tuple[int, ...], n_parts: int) -> list[tuple[int, ...]]:
     return [members[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
-def _loss_weights(case, dtype):
+def _loss_weights(case, dtype, device="cpu"):
     """The fixed weights of test_grouped_equivalence's loss, per sample."""
     lens = [len(r) for r in case.responses]
     g = torch.Generator().manual_seed(1234)
-    w_lp, w_ent = (torch.randn(sum(lens), generator=g).to(dtype) for _ in range(2))
+    w_lp, w_ent = (torch.randn(sum(lens), generator=g).to(device, dtype) for _ in range(2))
     return w_lp.split(lens), w_ent.split(lens)
 
 
 def shared_prefix_result(model, case, n_parts: int, layout: str = "packed", drop_prefix_kv_grad: bool = False) -> Result:
     """Every group's members in `n_parts` parts (fewer for a small group) that read its prompt run once."""
-    dtype = next(model.parameters()).dtype
-    w_lp, w_ent = _loss_weights(case, dtype)
+    dtype, device = next(model.parameters()).dtype, _device(model)
+    w_lp, w_ent = _loss_weights(case, dtype, device)
     log_probs, entropy = [None] * len(case.prompts), [None] * len(case.prompts)
     model.zero_grad(set_to_none=True)
     with grouped_attention_mode(model):
         for group in find_groups(case.prompts, case.responses, case.uids).groups:
-            prefix = encode_prefix(model, case.prompts[group.members[0]], trainable=True)
+            prompt = _token_tensors([case.prompts[group.members[0]]], device)[0]
+            prefix = encode_prefix(model, prompt, trainable=True)
             for part in _cut(group.members, n_parts):
                 lp, ent = _part_outputs(model, case, part, group.prompt_len, prefix, layout)
                 loss = sum((w_lp[m] * a).sum() + 0.1 * (w_ent[m] * b).sum() for m, a, b in zip(part, lp, ent))
@@ -277,7 +278,8 @@ def shared_prefix_result(model, case, n_parts: int, layout: str = "packed", drop
 def _part_outputs(model, case, part, prompt_len, prefix: SharedPrefix, layout):
     plan = GroupPlan((PrefixGroup(tuple(range(len(part))), prompt_len, tuple(len(case.responses[m]) for m in part)),), len(part))
     responses = [case.responses[m] for m in part]
-    batch = build_grouped_batch(plan, [case.prompts[m] for m in part], responses, layout, reads_prefix=prefix)
+    batch = build_grouped_batch(plan, [case.prompts[m] for m in part], responses, layout,
+                                reads_prefix=prefix).to(_device(model))
     rows = response_predictions(grouped_logits(model, batch), batch)
-    lp, ent = token_log_probs_and_entropy(rows, torch.cat(responses))
+    lp, ent = token_log_probs_and_entropy(rows, torch.cat(_token_tensors(responses, rows.device)))
     return lp.split(batch.response_lens), ent.split(batch.response_lens)

@@ -25,10 +25,9 @@ raw config.
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Literal, Mapping, Optional, get_args
-
-from omegaconf import DictConfig, OmegaConf
 
 from verl_ext.speculation.config import SAMPLING_KEYS, SpeculationConfig, check_sampling_supported
 
@@ -341,8 +340,12 @@ def _known(section, where: str, known) -> dict:
 
 
 def _plain(value):
-    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) or OmegaConf.is_list(value) \
-        else value
+    # omegaconf is verl's, read only if already imported: a value can be an omegaconf container only then, and the
+    # torch-only paths (the shared-prefix forward on a bare CUDA machine) import this module without it.
+    omegaconf = sys.modules.get("omegaconf")
+    if omegaconf is not None and isinstance(value, (omegaconf.DictConfig, omegaconf.ListConfig)):
+        return omegaconf.OmegaConf.to_container(value, resolve=True)
+    return value
 
 
 def _field_keys(cls) -> list[str]:

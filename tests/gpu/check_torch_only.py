@@ -1,5 +1,6 @@
 """verl_ext's GPU check on a bare CUDA machine: torch, Triton and transformers, nothing else (no flash-attn, no vLLM,
-no download, well under 64 MiB brought along), one table printed last, about 3 minutes on an H200.
+no download, well under 64 MiB brought along), one table printed last, about 4 minutes on an H200 (239 s there on
+2026-12-04, docs/design-notes.md "On an H200").
 
     python tests/gpu/check_torch_only.py          # on a CUDA machine (exit 1 if a check fails)
     python tests/gpu/check_torch_only.py --dry    # on CPU: the same plumbing on tiny shapes (the suite runs it)
@@ -12,7 +13,7 @@ no download, well under 64 MiB brought along), one table printed last, about 3 m
 2. timing: forward+backward (activation checkpointing, as verl trains) of a ~1.5B random Qwen2 in bf16 on one
    GRPO group, Lp = 4096 and 8192, G = 16, Lr = 256: standard, grouped `sdpa`, grouped `flex`, with the
    theoretical token ratio, the speed-up, peak memory and FlexAttention's first-call (compile) time.
-3. rollout: verl_ext's HF rollout of the same model (its forward keeps the GPU busy), 64 prompts, greedy, after a
+3. rollout: verl_ext's HF rollout of the same model in fp32, 64 prompts, greedy, after a
    first pass recorded as the history (as a policy revisiting its prompts): outputs identical with every
    drafter, tokens/s without speculation, with synchronous NgramRL drafting and with prefetch overlapping the
    verification forward, and the prefetch coverage. Needs numba (NgramRL's compiled drafting); without it the
@@ -29,9 +30,15 @@ import os
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
-import torch
+# Inductor compiles in worker processes by default; on the H200 lent on 2026-12-04 one of them died while compiling
+# FlexAttention's block mask for the padded layout ("A compilation subprocess exited unexpectedly"), and the same
+# compile in the main process ran. Set before torch is imported: inductor reads it then.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: attention_testing
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's verl_ext
@@ -87,6 +94,11 @@ def _errors(got, ref) -> dict[str, float]:
     return {name: (a.double() - b.double()).abs().max().item() for name, (a, b) in _pairs(got, ref).items()}
 
 
+def _rms_errors(got, ref) -> dict[str, float]:
+    """Root-mean-square |got - ref| per tensor: shown beside the max, which one element's rounding can set."""
+    return {name: (a.double() - b.double()).pow(2).mean().sqrt().item() for name, (a, b) in _pairs(got, ref).items()}
+
+
 def _noise_floors(ref, dtype: torch.dtype) -> dict[str, float]:
     """Per tensor, the error below which `dtype` cannot tell two results apart: its resolution at the tensor's
     scale, a gradient's scale floored at 5% of the largest one. A gradient that is analytically zero (the fp64
@@ -108,8 +120,9 @@ def equivalence(device: str, dtype: torch.dtype) -> None:
     reference_model.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
     ref = _result(reference_model, *response_log_probs(
         standard_causal_lm_forward(reference_model, case.prompts, case.responses), case.responses))
-    standard = _errors(_result(model, *response_log_probs(
-        standard_causal_lm_forward(model, case.prompts, case.responses), case.responses)), ref)
+    standard_result = _result(model, *response_log_probs(
+        standard_causal_lm_forward(model, case.prompts, case.responses), case.responses))
+    standard = _errors(standard_result, ref)
     floors = _noise_floors(ref, dtype)
     for backend in ("sdpa", "flex"):
         use_backend(backend)
@@ -123,21 +136,24 @@ def equivalence(device: str, dtype: torch.dtype) -> None:
                        f"{err:.2e} vs standard {standard['log_probs']:.2e}",
                        err <= BUDGET * max(standard["log_probs"], floors["log_probs"]))
                 continue
-            grouped = _errors(_result(model, *grouped_response_log_probs(
-                model, case.prompts, case.responses, case.uids, layout)), ref)
-            _report_ratios(f"{where}: worst of", grouped, standard, floors)
+            grouped = _result(model, *grouped_response_log_probs(
+                model, case.prompts, case.responses, case.uids, layout))
+            _report_ratios(f"{where}: worst of", grouped, standard_result, ref, floors)
         if device == "cuda" or backend == "sdpa":  # each group cut in 3 parts that read its prompt, run once
             _report_ratios(f"{backend}, shared prefix in 3 parts, {dtype}: worst of".replace("torch.", ""),
-                           _errors(shared_prefix_result(model, case, 3), ref), standard, floors)
+                           shared_prefix_result(model, case, 3), standard_result, ref, floors)
     use_backend("auto")
 
 
-def _report_ratios(where: str, grouped: dict, standard: dict, floors: dict) -> None:
-    ratios = {name: grouped[name] / max(standard[name], floors[name]) for name in grouped
-              if floors[name] != float("inf")}
+def _report_ratios(where: str, got, standard, ref, floors: dict) -> None:
+    """The verdict: the worst tensor's max error against the standard's. Its root-mean-square error ratio is shown
+    beside it (information only), to tell one element's rounding from an error spread over the tensor."""
+    grouped, base = _errors(got, ref), _errors(standard, ref)
+    ratios = {name: grouped[name] / max(base[name], floors[name]) for name in grouped if floors[name] != float("inf")}
     worst = max(ratios, key=ratios.get)
-    report("equivalence", f"{where} {len(ratios)} tensors vs fp64", f"{ratios[worst]:.2f}x standard's error ({worst})",
-           ratios[worst] <= BUDGET)
+    rms = _rms_errors(got, ref)[worst] / max(_rms_errors(standard, ref)[worst], 1e-300)
+    report("equivalence", f"{where} {len(ratios)} tensors vs fp64",
+           f"{ratios[worst]:.2f}x standard's error ({worst}; rms {rms:.2f}x)", ratios[worst] <= BUDGET)
 
 
 # ---------------------------------------------------------------- 2. timing
@@ -285,6 +301,18 @@ def verify_cost_table() -> None:
            done.returncode == 0)
 
 
+def section(run, *args, **kwargs) -> None:
+    """One section of the check; an error fails it as a row of the table and the next section still runs (a GPU
+    lease is short: one crash must not cost the other sections' results)."""
+    try:
+        run(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - reported as a FAIL row, with the traceback above the table
+        traceback.print_exc()
+        report(run.__name__, "section raised", f"{type(error).__name__}: {str(error)[:120]}", False)
+        if DRY:
+            raise  # --dry is the suite's check of this script: an error there is the script's bug
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry", action="store_true", help="CPU, tiny shapes: the script's own plumbing")
@@ -299,15 +327,18 @@ def main() -> int:
     if not args.dry:
         torch.backends.cuda.matmul.allow_tf32 = False
     started = time.perf_counter()
-    equivalence(device, dtype)
+    section(equivalence, device, dtype)
     if args.dry:
-        timing(device, dtype, TINY, [(32, 4, 8)], repeats=1)
-        rollout(device, dtype, TINY, batch=8, prompt_len=16, response_len=24)
+        section(timing, device, dtype, TINY, [(32, 4, 8)], repeats=1)
+        section(rollout, device, dtype, TINY, batch=8, prompt_len=16, response_len=24)
     else:
-        timing(device, dtype, QWEN25_1P5B, [(4096, 16, 256), (8192, 16, 256)], args.repeats)
-        rollout(device, dtype, QWEN25_1P5B, batch=64, prompt_len=512, response_len=256)
+        section(timing, device, dtype, QWEN25_1P5B, [(4096, 16, 256), (8192, 16, 256)], args.repeats)
+        # fp32 (TF32 off): a random model's next-token distribution is nearly flat, so bf16 rounding that differs
+        # between a verification forward (17 tokens a row) and a decode step (1) flips greedy argmaxes; on an
+        # H200 (2026-12-04) bf16 gave 0/64 identical sequences and 1.05 tokens a forward, fp32 64/64 and 15.88.
+        section(rollout, device, torch.float32, QWEN25_1P5B, batch=64, prompt_len=512, response_len=256)
         if args.verify_cost:
-            verify_cost_table()
+            section(verify_cost_table)
     print(f"\n== verl_ext GPU check ({'dry, CPU' if args.dry else torch.cuda.get_device_name()}; torch "
           f"{torch.__version__}; {time.perf_counter() - started:.0f} s)")
     for row in ROWS:

@@ -6,7 +6,7 @@ Here each row owns the slots [0, capacity) of its buffer and a write offset (Dec
 its S new tokens at [end, end + S) with one scatter per layer (a packed step, packed_step.py, writes each of its
 tokens at its own row and slot), and a rejected draft's slots are simply overwritten by the next forward. The buffers grow geometrically when a row reaches the end.
 
-Implements the part of transformers 5.10's ``Cache`` interface its decoder layers call (``update``); the
+Implements the part of transformers 5.10's (and 5.17's) ``Cache`` interface its decoder layers call (``update``); the
 attention mask comes from DecodeBatch, passed to the model as a 4-D mask per attention type.
 """
 
@@ -39,8 +39,11 @@ class SlotLayer(CacheLayerMixin):
     def get_seq_length(self) -> int:
         return self.keys.shape[2]
 
-    def get_max_cache_shape(self) -> int:
+    def get_max_length(self) -> int:  # abstract from transformers 5.16 on (it replaces get_max_cache_shape)
         return self.keys.shape[2]
+
+    def get_max_cache_shape(self) -> int:  # transformers 5.10's name (a deprecation warning from 5.16 on)
+        return self.get_max_length()
 
 
 class SlotCache(Cache):
