@@ -199,9 +199,11 @@ def time_model_rollouts(model, pad_token_id: int, stops: frozenset, history_step
     variants = variants or default_variants()
     settings = SamplingSettings(temperature=temperature)
     warm_up = [GenerationRequest(p, response_length, settings, stops) for p, _ in final_steps[0][:8]]
-    for name in variants:  # kernels, allocator, and the drafter's compiled code (numba compiles it on first use
-        warm = _VariantRun(model, pad_token_id, variants[name], history_steps[:1], device_ms)  # where its cache
-        warm.generate(warm_up)  # is cold, as on a fresh GPU machine: seconds that were the first variant's alone)
+    # Every variant warmed: kernels, the allocator, and the drafter's compiled code, which numba compiles on first
+    # use where its on-disk cache is cold (a fresh GPU machine): seconds that were the first timed variant's alone.
+    for name in variants:
+        warm = _VariantRun(model, pad_token_id, variants[name], history_steps[:1], device_ms)
+        warm.generate(warm_up)
         warm.finish()
     steps = [[GenerationRequest(p, response_length, settings, stops) for p, _ in rollouts] for rollouts in final_steps]
     names = list(variants)

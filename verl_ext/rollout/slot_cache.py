@@ -6,8 +6,8 @@ Here each row owns the slots [0, capacity) of its buffer and a write offset (Dec
 its S new tokens at [end, end + S) with one scatter per layer (a packed step, packed_step.py, writes each of its
 tokens at its own row and slot), and a rejected draft's slots are simply overwritten by the next forward. The buffers grow geometrically when a row reaches the end.
 
-Implements the part of transformers 5.10's (and 5.17's) ``Cache`` interface its decoder layers call (``update``); the
-attention mask comes from DecodeBatch, passed to the model as a 4-D mask per attention type.
+Implements the part of transformers' ``Cache`` interface its decoder layers call (``update``), as of 5.10 and
+5.17; the attention mask comes from DecodeBatch, passed to the model as a 4-D mask per attention type.
 """
 
 from __future__ import annotations
