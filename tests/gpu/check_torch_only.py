@@ -89,14 +89,11 @@ def _pairs(got, ref) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     return pairs | {f"grad {n}": (got.grads[n], ref.grads[n]) for n in ref.grads}
 
 
-def _errors(got, ref) -> dict[str, float]:
-    """Max |got - ref| per tensor (log-probs, entropy, each gradient), in fp64."""
-    return {name: (a.double() - b.double()).abs().max().item() for name, (a, b) in _pairs(got, ref).items()}
-
-
-def _rms_errors(got, ref) -> dict[str, float]:
-    """Root-mean-square |got - ref| per tensor: shown beside the max, which one element's rounding can set."""
-    return {name: (a.double() - b.double()).pow(2).mean().sqrt().item() for name, (a, b) in _pairs(got, ref).items()}
+def _errors(got, ref, rms: bool = False) -> dict[str, float]:
+    """Max |got - ref| per tensor (log-probs, entropy, each gradient), in fp64; rms: its root mean square instead
+    (shown beside the max, which one element's rounding can set)."""
+    differences = {name: (a.double() - b.double()).abs() for name, (a, b) in _pairs(got, ref).items()}
+    return {name: (d.pow(2).mean().sqrt() if rms else d.max()).item() for name, d in differences.items()}
 
 
 def _noise_floors(ref, dtype: torch.dtype) -> dict[str, float]:
@@ -151,7 +148,7 @@ def _report_ratios(where: str, got, standard, ref, floors: dict) -> None:
     grouped, base = _errors(got, ref), _errors(standard, ref)
     ratios = {name: grouped[name] / max(base[name], floors[name]) for name in grouped if floors[name] != float("inf")}
     worst = max(ratios, key=ratios.get)
-    rms = _rms_errors(got, ref)[worst] / max(_rms_errors(standard, ref)[worst], 1e-300)
+    rms = _errors(got, ref, rms=True)[worst] / max(_errors(standard, ref, rms=True)[worst], 1e-300)
     report("equivalence", f"{where} {len(ratios)} tensors vs fp64",
            f"{ratios[worst]:.2f}x standard's error ({worst}; rms {rms:.2f}x)", ratios[worst] <= BUDGET)
 
