@@ -1,6 +1,7 @@
 """``GroupWriter`` against a real TransferQueue on a local Ray cluster: the groups that finish while a put is in
-flight go out together in the next one, each group's samples land before its "finished" status, groups of
-different partitions never share a put, and a group whose samples cannot be stored fails alone."""
+flight go out together in the next one, which sets their "finished" statuses with their samples' tags
+(tests/workers/test_transfer_queue_put.py: never before the samples are stored), groups of different partitions
+never share a put, and a group whose samples cannot be stored fails alone."""
 
 import asyncio
 import threading
@@ -30,14 +31,15 @@ def cluster():
 
 @pytest.fixture
 def puts(monkeypatch):
-    """Every batch put the writer makes, in order: (keys, whether it carries samples), made through the real one."""
-    made, real_put = [], tq.async_kv_batch_put
+    """Every put the writer makes, in order: (sample keys, partition, {key: tag} set with them), made through the
+    real one."""
+    made, real_put = [], group_writer.put_samples
 
-    async def recorded(keys, partition_id, fields=None, tags=None, **kwargs):
-        made.append((list(keys), partition_id, fields is not None))
-        return await real_put(keys=keys, partition_id=partition_id, fields=fields, tags=tags, **kwargs)
+    async def recorded(partition_id, keys, rows, tags, then_tag):
+        made.append((list(keys), partition_id, dict(then_tag)))
+        return await real_put(partition_id, keys, rows, tags, then_tag=then_tag)
 
-    monkeypatch.setattr(group_writer.tq, "async_kv_batch_put", recorded)
+    monkeypatch.setattr(group_writer, "put_samples", recorded)
     return made
 
 
@@ -62,20 +64,19 @@ async def _write_all(groups: list[tuple[str, str, bool]]) -> list:
 
 def _statuses(partition: str, uids: list[str]) -> dict:
     listed = tq.kv_list(partition_id=partition).get(partition, {})
-    return {uid: listed[uid]["status"] for uid in uids if uid in listed}
+    # a group whose put failed keeps the tag it had (here none: these tests write no "running" status first)
+    return {uid: listed[uid]["status"] for uid in uids if "status" in listed.get(uid, {})}
 
 
-def test_groups_finishing_together_share_a_put_samples_before_status(cluster, puts):
+def test_groups_finishing_together_share_a_put_with_their_statuses(cluster, puts):
     uids = [f"together{g}" for g in range(6)]
     results = asyncio.run(_write_all([(uid, "train", False) for uid in uids]))
     assert results == [None] * len(uids)
     assert _statuses("train", uids) == dict.fromkeys(uids, "finished")
-    sample_puts = [keys for keys, _, with_samples in puts if with_samples]
-    assert len(sample_puts) == 2, sample_puts  # the first group alone, then the five queued behind it together
-    for uid in uids:  # each group's samples are in before the put that says it finished
-        samples_at = next(i for i, (keys, _, with_samples) in enumerate(puts) if with_samples and f"{uid}_0_0" in keys)
-        status_at = next(i for i, (keys, _, with_samples) in enumerate(puts) if not with_samples and uid in keys)
-        assert samples_at < status_at, puts
+    # the first group alone, then the five queued behind it together, each put with its groups' statuses
+    assert [(keys, then_tag) for keys, _, then_tag in puts] == [
+        ([key for uid in put for key, _, _ in _records(uid)], {uid: {"status": "finished"} for uid in put})
+        for put in (uids[:1], uids[1:])]
     keys = [key for uid in uids for key, _, _ in _records(uid)]
     stored = tq.kv_batch_get(keys=keys, partition_id="train")
     expected = [fields for uid in uids for _, fields, _ in _records(uid)]
@@ -89,8 +90,8 @@ def test_partitions_never_share_a_put(cluster, puts):
     groups = [("first", "train", False), ("val0", "val", False), ("train0", "train", False)]
     assert asyncio.run(_write_all(groups)) == [None] * 3
     assert {partition for _, partition, _ in puts} == {"train", "val"}
-    for keys, partition, _ in puts:
-        assert all(key.startswith("val") == (partition == "val") for key in keys), puts
+    for keys, partition, then_tag in puts:
+        assert all(key.startswith("val") == (partition == "val") for key in [*keys, *then_tag]), puts
     assert _statuses("val", ["val0"]) == {"val0": "finished"}
     assert _statuses("train", ["first", "train0"]) == {"first": "finished", "train0": "finished"}
 
@@ -103,4 +104,4 @@ def test_a_group_that_cannot_be_stored_fails_alone(cluster, puts):
     assert _statuses("train", ["lead", "good0", "bad", "good1"]) == dict.fromkeys(["lead", "good0", "good1"],
                                                                                  "finished")
     # the three queued groups were tried together first: the retry one at a time is what saved the good ones
-    assert any(with_samples and "bad_0_0" in keys and "good0_0_0" in keys for keys, _, with_samples in puts), puts
+    assert any("bad_0_0" in keys and "good0_0_0" in keys for keys, _, _ in puts), puts

@@ -4,6 +4,8 @@
                 groups' dispatch info, config fields, the sync trainer's private hooks
     vllm        the model runner's drafter length bound (imports nothing of vLLM's)
     flash_attn  the varlen forward/backward ops (imports flash-attn lazily)
+    transfer_queue  a group's put: non-tensor columns as lists, the statuses with the samples' tags, through the
+                client's storage manager (transfer_queue 0.1.11; under another version, verl's puts)
     numba       the on-disk cache's locator list: a kernel's cache keyed by every verl_ext module it reaches
                 (numba 0.65 to 0.68; under another numba the kernels compile in each process, with a warning)
 

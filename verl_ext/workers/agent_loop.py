@@ -115,7 +115,7 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
                 return_exceptions=True)
             errors = [result for result in results if isinstance(result, BaseException)]
             if not errors:
-                records = await self._finish_group(results, sessions, validate=validate)
+                records = [record for session_records in results for record in session_records]
                 await running
                 await self.group_writer.write(uid, records, partition_id)  # the samples, then "finished"
         except Exception as error:  # noqa: BLE001 - as verl: the group's status says failure, the trainer refills
@@ -144,9 +144,10 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
         return cls(**kwargs) if cls is not None else hydra.utils.instantiate(config=config, **kwargs)
 
     async def _run_session(self, agent_loop, sampling_params: dict, trajectory: dict, trace: bool,
-                           session: dict) -> list:
-        """One sample's agent loop, as verl's ``_run_agent_loop`` runs it, and its score: its outputs (a
-        trajectory)."""
+                           session: dict) -> list[SampleRecord]:
+        """One sample's agent loop, as verl's ``_run_agent_loop`` runs it, then verl's TransferQueue postprocess of
+        it up to the put, as soon as it finishes (as verl's worker does): its score, its teacher log-probs, and the
+        (key, fields, tag) of each of its outputs."""
         with rollout_trace_attr(step=trajectory["step"], sample_index=trajectory["sample_index"],
                                 rollout_n=trajectory["rollout_n"], validate=trajectory["validate"],
                                 name="agent_loop", trace=trace):
@@ -158,24 +159,14 @@ class GroupAgentLoopWorker(AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ):
             await self.reward_batcher.score(outputs[0], session)
         else:
             await self.compute_score(outputs, kwargs=session)
-        return outputs
-
-    async def _finish_group(self, trajectories: list[list], sessions: list[dict],
-                            validate: bool) -> list[SampleRecord]:
-        """verl's TransferQueue postprocess of each scored trajectory up to the put: teacher log-probs, and the
-        (key, fields, tag) of each output."""
-        await asyncio.gather(*(self.compute_teacher_logprobs(outputs[-1], validate=validate, sample_kwargs=session)
-                               for outputs, session in zip(trajectories, sessions, strict=True)))
-        records = []
-        for outputs, session in zip(trajectories, sessions, strict=True):
-            final = outputs[-1]
-            if final.reward_score is not None:
-                for output in outputs[:-1]:
-                    output.reward_score = final.reward_score
-                    output.extra_fields["reward_extra_info"] = final.extra_fields["reward_extra_info"]
-            records += [(format_key(session["uid"], session["session_id"], i),
-                         *self.transfer_queue_record(output, session)) for i, output in enumerate(outputs)]
-        return records
+        final = outputs[-1]
+        await self.compute_teacher_logprobs(final, validate=trajectory["validate"], sample_kwargs=session)
+        if final.reward_score is not None:
+            for earlier in outputs[:-1]:
+                earlier.reward_score = final.reward_score
+                earlier.extra_fields["reward_extra_info"] = final.extra_fields["reward_extra_info"]
+        return [(format_key(session["uid"], session["session_id"], i), *self.transfer_queue_record(turn, session))
+                for i, turn in enumerate(outputs)]
 
 
 class GroupAgentLoopManager(AgentLoopManagerTQ):

@@ -1,17 +1,16 @@
 """A worker's finished GRPO groups into TransferQueue, the groups that finish together in one put.
 
-A TransferQueue put is several round trips (the controller's metadata, each storage unit, the tags) and a
-TensorDict built column by column. In demo_cpu one group of 8 samples costs about 20 ms of the worker's time, 8
-groups in one put about 7 ms each. A rollout's groups finish in bursts near its end, and one put a group queued
-them one behind the other on the worker's event loop and the storage units: the last group waited for the
-others' puts before its own.
+A TransferQueue put is several round trips (the controller's metadata, each storage unit, the tags) and the
+columns' serialisation. A rollout's groups finish in bursts near its end, and one put a group queued them one
+behind the other on the worker's event loop and the storage units: the last group waited for the others' puts
+before its own.
 
-``GroupWriter`` keeps one put of samples in flight a worker. The groups that finish while it runs go out together
-in the next one; once a put's samples are in, their statuses ("finished") follow in one tag-only put, while the
-next put of samples starts. verl's trainer takes a group's samples only once its status says "finished", so a
-group's samples before its status is all the protocol asks. Groups are coalesced only with groups of the same
-partition and the same fields. If a put of several groups fails, each of them is put again alone, so that one bad
-group fails by itself; a group that fails raises from ``write``, and its caller writes its failure status.
+``GroupWriter`` keeps one put in flight a worker. The groups that finish while it runs go out together in the
+next one. A put stores the groups' samples, then sets their tags and the groups' "finished" statuses in one
+message (``compat.transfer_queue.put_samples``): verl's trainer takes a group's samples once its status says
+"finished", and sees the status and the samples' tags land together. Groups are coalesced only with groups of the
+same partition and the same fields. If a put of several groups fails, each of them is put again alone, so that one
+bad group fails by itself; a group that fails raises from ``write``, and its caller writes its failure status.
 
 Everything runs on the worker's event loop: the queue is touched by no other thread, so it takes no lock.
 """
@@ -23,8 +22,7 @@ import logging
 from dataclasses import dataclass
 from itertools import groupby
 
-import transfer_queue as tq
-from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+from verl_ext.compat.transfer_queue import put_samples
 
 __all__ = ["GroupWriter", "SampleRecord"]
 
@@ -46,13 +44,11 @@ class _QueuedGroup:
 
 
 class GroupWriter:
-    """Writes finished groups to TransferQueue, one put of samples in flight, the groups queued behind it in the
-    next. A put's statuses go out as the next put of samples starts: only a group's own samples must precede them."""
+    """Writes finished groups to TransferQueue, one put in flight, the groups queued behind it in the next."""
 
     def __init__(self):
         self._queued: list[_QueuedGroup] = []
         self._draining: asyncio.Task | None = None
-        self._status_puts: set[asyncio.Task] = set()  # held here: the event loop keeps weak references to tasks
 
     async def write(self, uid: str, records: list[SampleRecord], partition_id: str) -> None:
         """Returns once the group's samples and its "finished" status are in TransferQueue; raises if they are not."""
@@ -73,7 +69,7 @@ class GroupWriter:
 
     async def _put_coalesced(self, groups: list[_QueuedGroup]) -> None:
         try:
-            await _put_samples(groups)
+            await _put_finished(groups)
         except Exception as error:  # noqa: BLE001 - handed to each group's writer, or retried group by group
             if len(groups) == 1:
                 _settle(groups, error)
@@ -82,27 +78,15 @@ class GroupWriter:
             for group in groups:
                 await self._put_coalesced([group])
             return
-        status_put = asyncio.ensure_future(_put_finished(groups))
-        self._status_puts.add(status_put)
-        status_put.add_done_callback(self._status_puts.discard)
-
-
-async def _put_samples(groups: list[_QueuedGroup]) -> None:
-    records = [record for group in groups for record in group.records]
-    keys, fields, tags = (list(column) for column in zip(*records, strict=True))
-    await tq.async_kv_batch_put(keys=keys, fields=list_of_dict_to_tensordict(fields), tags=tags,
-                                partition_id=groups[0].partition_id)
+        _settle(groups, None)
 
 
 async def _put_finished(groups: list[_QueuedGroup]) -> None:
-    """The groups' "finished" statuses in one tag-only put, then their writers answered."""
-    try:
-        await tq.async_kv_batch_put(keys=[group.uid for group in groups], partition_id=groups[0].partition_id,
-                                    tags=[{"status": "finished"} for _ in groups])
-    except Exception as error:  # noqa: BLE001 - handed to each group's writer
-        _settle(groups, error)
-        return
-    _settle(groups, None)
+    """The groups' samples, then their tags and the groups' "finished" statuses in one message."""
+    records = [record for group in groups for record in group.records]
+    keys, rows, tags = (list(column) for column in zip(*records, strict=True))
+    await put_samples(groups[0].partition_id, keys, rows, tags,
+                      then_tag={group.uid: {"status": "finished"} for group in groups})
 
 
 def _settle(groups: list[_QueuedGroup], error: BaseException | None) -> None:
