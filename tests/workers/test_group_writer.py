@@ -7,10 +7,8 @@ import asyncio
 import threading
 
 import pytest
-import ray
 import torch
 import transfer_queue as tq
-from omegaconf import OmegaConf
 
 from verl_ext.workers import group_writer
 from verl_ext.workers.group_writer import GroupWriter
@@ -18,15 +16,6 @@ from verl_ext.workers.group_writer import GroupWriter
 pytestmark = pytest.mark.ray
 
 SAMPLES = 4
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 2}}}))
-    yield
-    tq.close()
-    ray.shutdown()
 
 
 @pytest.fixture
@@ -68,7 +57,7 @@ def _statuses(partition: str, uids: list[str]) -> dict:
     return {uid: listed[uid]["status"] for uid in uids if "status" in listed.get(uid, {})}
 
 
-def test_groups_finishing_together_share_a_put_with_their_statuses(cluster, puts):
+def test_groups_finishing_together_share_a_put_with_their_statuses(transfer_queue_cluster, puts):
     uids = [f"together{g}" for g in range(6)]
     results = asyncio.run(_write_all([(uid, "train", False) for uid in uids]))
     assert results == [None] * len(uids)
@@ -86,7 +75,7 @@ def test_groups_finishing_together_share_a_put_with_their_statuses(cluster, puts
     tq.kv_clear(keys=keys + uids, partition_id="train")
 
 
-def test_partitions_never_share_a_put(cluster, puts):
+def test_partitions_never_share_a_put(transfer_queue_cluster, puts):
     groups = [("first", "train", False), ("val0", "val", False), ("train0", "train", False)]
     assert asyncio.run(_write_all(groups)) == [None] * 3
     assert {partition for _, partition, _ in puts} == {"train", "val"}
@@ -96,7 +85,7 @@ def test_partitions_never_share_a_put(cluster, puts):
     assert _statuses("train", ["first", "train0"]) == {"first": "finished", "train0": "finished"}
 
 
-def test_a_group_that_cannot_be_stored_fails_alone(cluster, puts):
+def test_a_group_that_cannot_be_stored_fails_alone(transfer_queue_cluster, puts):
     groups = [("lead", "train", False), ("good0", "train", False), ("bad", "train", True), ("good1", "train", False)]
     results = asyncio.run(_write_all(groups))
     assert results[:2] == [None, None] and results[3] is None

@@ -9,10 +9,8 @@ import threading
 
 import numpy as np
 import pytest
-import ray
 import torch
 import transfer_queue as tq
-from omegaconf import OmegaConf
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from verl_ext.compat import transfer_queue as compat_tq
@@ -21,15 +19,6 @@ from verl_ext.compat.transfer_queue import columns_as_lists, put_samples
 pytestmark = pytest.mark.ray
 
 ROWS = 5
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 2}}}))
-    yield
-    tq.close()
-    ray.shutdown()
 
 
 @pytest.fixture(params=["lean", "fallback"])
@@ -75,7 +64,7 @@ def _differences(got, expected, where: str = "") -> list[str]:
     return [] if got == expected else [f"{where}: {got!r} != {expected!r}"]
 
 
-def test_stores_what_verls_put_stores(cluster, path):
+def test_stores_what_verls_put_stores(transfer_queue_cluster, path):
     rows = _rows()
     verl_keys, our_keys = [f"verl-{path}-{i}" for i in range(ROWS)], [f"ours-{path}-{i}" for i in range(ROWS)]
     tags = [{"status": "success", "response_len": 3 + i} for i in range(ROWS)]
@@ -94,7 +83,7 @@ def test_stores_what_verls_put_stores(cluster, path):
     tq.kv_clear(keys=verl_keys + our_keys, partition_id="train")
 
 
-def test_other_keys_tags_set_over_the_tags_they_had(cluster, path):
+def test_other_keys_tags_set_over_the_tags_they_had(transfer_queue_cluster, path):
     uid = f"group-{path}"
     tq.kv_put(key=uid, partition_id="train", tag={"is_prompt": True, "status": "running", "global_steps": 7})
     keys = [f"{uid}_{i}_0" for i in range(ROWS)]
@@ -106,7 +95,7 @@ def test_other_keys_tags_set_over_the_tags_they_had(cluster, path):
     tq.kv_clear(keys=keys + [uid], partition_id="train")
 
 
-def test_a_reader_never_sees_a_status_without_its_samples(cluster, path):
+def test_a_reader_never_sees_a_status_without_its_samples(transfer_queue_cluster, path):
     groups, samples = 24, 4
     uids = [f"watched-{path}-{g}" for g in range(groups)]
     stop, seen, violations = threading.Event(), [], []
