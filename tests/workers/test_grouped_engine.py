@@ -135,3 +135,37 @@ def test_two_fsdp_ranks(tmp_path, model_dir):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     for rank in range(2):
         assert (tmp_path / f"rank{rank}.txt").read_text() == "equal", rank
+
+
+def test_a_batch_on_its_device_is_not_copied_and_one_elsewhere_is_moved():
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    from verl_ext.workers.grouped_engine import on_device
+
+    batch = list_of_dict_to_tensordict([{"responses": torch.arange(2 + i), "loss_mask": torch.ones(3),
+                                         "uid": f"u{i}", "extra_info": {"index": i}} for i in range(4)])
+    assert on_device(batch, "cpu") is batch
+    moved = on_device(batch, "meta")  # a device the tensors are not on, on any machine
+    assert moved is not batch and moved["loss_mask"].device.type == "meta" and moved["responses"].device.type == "meta"
+    assert list(moved["uid"]) == [f"u{i}" for i in range(4)]
+
+
+@pytest.mark.parametrize("block_rows", [1000, 64, 7])  # one block; blocks with a short last one; blocks of 7
+def test_log_probs_by_blocks_equal_verls_on_all_rows(monkeypatch, block_rows):
+    from verl.utils.torch_functional import logprobs_from_logits
+
+    from verl_ext.workers import grouped_engine
+
+    vocab = 300
+    monkeypatch.setattr(grouped_engine, "LOG_PROB_BLOCK_ELEMENTS", block_rows * vocab)
+    generator = torch.Generator().manual_seed(0)
+    rows = (3 * torch.randn(150, vocab, generator=generator)).requires_grad_()
+    targets = torch.randint(0, vocab, (150,), generator=generator)
+    ours = grouped_engine.block_log_probs(rows, targets, inplace_backward=True)
+    verls = logprobs_from_logits(rows, targets)
+    # the same logsumexp per row, over a block instead of a row: equal up to a reduction's rounding (fp32)
+    torch.testing.assert_close(ours, verls, rtol=0, atol=1e-5)
+    weights = torch.randn(150, generator=generator)
+    ours_grad, = torch.autograd.grad((ours * weights).sum(), rows)
+    verls_grad, = torch.autograd.grad((verls * weights).sum(), rows)
+    torch.testing.assert_close(ours_grad, verls_grad, rtol=0, atol=1e-6)
