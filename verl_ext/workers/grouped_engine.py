@@ -10,8 +10,8 @@ verl_ext's TrainingWorker asks for them when `actor.use_prefix_grouper` is on. W
 - forward_step: the grouped stream goes in (packed for use_remove_padding, padded otherwise); only the
   logits that predict response tokens come out, scaled and turned into log-probs / entropy with
   verl's own functions (log-probs a block of rows a call: block_log_probs), and are written back in
-  verl's jagged layout (grouped_io); a micro-batch whose
-  tensors are on the device already is not copied there (``on_device``).
+  verl's jagged layout (grouped_io); a micro-batch whose tensors are on the device already is not
+  copied there (``on_device``).
 """
 
 import functools
