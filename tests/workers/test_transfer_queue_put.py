@@ -1,8 +1,8 @@
 """``compat.transfer_queue.put_samples`` against a real TransferQueue on a local Ray cluster: it stores, row for
 row and type for type, what verl's put (``kv_batch_put`` of ``list_of_dict_to_tensordict``) stores, on the lean
 path and on the fallback other TransferQueue versions take; it sets the other keys' tags over the tags they had
-(verl's trainer reads ``is_prompt`` beside the status); and a reader polling the tags while groups are put never
-sees a status without its samples' tags."""
+(verl's trainer reads ``is_prompt`` beside the status); and a reader polling as verl's trainer does while groups
+are put never sees a group finished before its samples are stored and tagged."""
 
 import asyncio
 import threading
