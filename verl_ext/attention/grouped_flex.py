@@ -18,6 +18,11 @@ their first calls, compilation included. On CPU torch 2.13 runs FlexAttention's 
 refuses a backward), so CPU training keeps grouped_sdpa; CPU tests use this path for the mask and the forward.
 A batch that reads a shared prefix (shared_prefix.py: the responses of a group whose prompt ran in a pass of its
 own) puts the prompt's keys/values first, [shared prefix; stream], and every response query reads all of them.
+
+The options of a layer (options.py): a sliding window joins the mask (`pos[q] - pos[k] < window`, positions in the
+sample: a shared prefix key's position is its index), so each window has its BlockMask (cached per micro-batch);
+soft-capping is a score_mod; sinks renormalise the output by the kernel's lse, out * e^(lse - log(e^lse + e^sink)),
+differentiable through autograd where the kernel's lse is.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import weakref
 import torch
 
 from verl_ext.attention.layout import GroupedAttentionMeta
+from verl_ext.attention.options import AttentionOptions
 
 _BUCKET = 256  # stream lengths compile in steps of this many tokens (two of FlexAttention's 128-token blocks)
 # Process state below, no lock: a training worker runs its forwards and backwards on one thread.
@@ -35,7 +41,7 @@ _compiled = None  # torch.compile(flex_attention), built on first CUDA use
 _compiled_mask = None  # torch.compile(create_block_mask), likewise
 _stats = {"new_shapes": 0, "first_call_seconds": 0.0}
 _shapes_seen: set[tuple] = set()
-_last_mask: tuple[weakref.ref, tuple, object] | None = None  # (meta, q's shape and the prefix's, its BlockMask)
+_last_masks: tuple[weakref.ref, dict] | None = None  # (meta, {(q's shape, the prefix's, window): its BlockMask})
 
 
 def flex_unusable_reason(query: torch.Tensor) -> str | None:
@@ -67,22 +73,28 @@ def token_labels(meta: GroupedAttentionMeta) -> tuple[torch.Tensor, torch.Tensor
 
 
 def grouped_block_mask(meta: GroupedAttentionMeta, batch: int, length: int, device: torch.device,
-                       prefix: int = 0, prefix_len: int = 0):
+                       prefix: int = 0, prefix_len: int = 0, window: int | None = None):
     """The BlockMask of the grouped picture: queries [batch, length] (length >= the stream's; beyond it: pads)
     over keys [prefix + length]. With a shared prefix (prefix > 0) the first `prefix` keys are the prompt's, read
-    whole by every response query (the first prefix_len of them real, the rest padding)."""
+    whole by every response query (the first prefix_len of them real, the rest padding). With a window, a key
+    more than window - 1 positions before the query (in its sample) is not read."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     group, response = token_labels(meta)
     streamed = meta.num_tokens // batch
     group = _padded(group.view(batch, streamed), length)  # [B, L]
     response = _padded(response.view(batch, streamed), length)
+    position = _padded(meta.positions.view(batch, streamed), length)
 
     def may_read(b, h, q, kv):
         k = (kv - prefix).clamp(min=0)  # the key's stream position (shared prefix keys come first)
         in_stream = (group[b, q] == group[b, k]) & (k <= q) & ((response[b, k] < 0) | (response[b, k] == response[b, q]))
         shared = (kv < prefix_len) & (response[b, q] >= 0)
-        return (group[b, q] >= 0) & ((kv >= prefix) & in_stream | shared)
+        readable = (group[b, q] >= 0) & ((kv >= prefix) & in_stream | shared)
+        if window is None:
+            return readable
+        key_position = torch.where(kv < prefix, kv, position[b, k])
+        return readable & (position[b, q] - key_position < window)
 
     # On CUDA the mask is built by a compiled create_block_mask (torch's advice for long sequences): the eager
     # one evaluates every (query, key) pair at once, an [L, prefix + L] tensor per row.
@@ -91,10 +103,11 @@ def grouped_block_mask(meta: GroupedAttentionMeta, batch: int, length: int, devi
 
 
 def grouped_flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: GroupedAttentionMeta,
-                           scale: float, shared_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """[B, S, H, D] from query [B, H, S, D] and key/value [B, Hkv, S, D] (GQA: H a multiple of Hkv); shared_kv
-    ([1, Hkv, Lp, D],) * 2: the prompt a reads_prefix batch's responses read (its keys come first, so its
-    gradient flows back through the concatenation)."""
+                           scale: float, shared_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+                           options: AttentionOptions = AttentionOptions()) -> torch.Tensor:
+    """[B, S, H, Dv] from query [B, H, S, D], key [B, Hkv, S, D] and value [B, Hkv, S, Dv] (GQA: H a multiple of
+    Hkv; MLA: Dv may differ from D); shared_kv ([1, Hkv, Lp, D], [1, Hkv, Lp, Dv]): the prompt a reads_prefix
+    batch's responses read (its keys come first, so its gradient flows back through the concatenation)."""
     batch, _, length, _ = query.shape
     padded = _bucket(length, query)
     query, key, value = (_pad_tokens(t, padded) for t in (query, key, value))
@@ -104,10 +117,25 @@ def grouped_flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
         prefix = _bucket(prefix_len, query)
         shared = [_pad_tokens(t.to(query.dtype), prefix).expand(batch, -1, -1, -1) for t in shared_kv]
         key, value = torch.cat([shared[0], key], dim=2), torch.cat([shared[1], value], dim=2)
-    block_mask = _block_mask(meta, query, prefix, prefix_len)
-    out = _kernel(query)(query, key, value, block_mask=block_mask, scale=scale,
-                         enable_gqa=key.shape[1] != query.shape[1])
+    block_mask = _block_mask(meta, query, prefix, prefix_len, options.window)
+    sinks = options.sinks
+    out = _kernel(query)(query, key, value, score_mod=_softcap(options.softcap), block_mask=block_mask, scale=scale,
+                         enable_gqa=key.shape[1] != query.shape[1], return_lse=sinks is not None)
+    if sinks is not None:  # a zero-valued key of logit `sink` in every row's softmax
+        out, lse = out
+        lse = lse.to(torch.float32)
+        out = out * torch.exp(lse - torch.logaddexp(lse, sinks.to(lse)[None, :, None]))[..., None].to(out.dtype)
     return out[:, :, :length].transpose(1, 2)
+
+
+def _softcap(softcap: float | None):
+    if softcap is None:
+        return None
+
+    def capped(score, b, h, q, kv):
+        return softcap * torch.tanh(score / softcap)
+
+    return capped
 
 
 def compile_stats() -> dict:
@@ -116,14 +144,17 @@ def compile_stats() -> dict:
     return dict(_stats)
 
 
-def _block_mask(meta: GroupedAttentionMeta, query: torch.Tensor, prefix: int, prefix_len: int):
-    global _last_mask
-    shape = (*query.shape, prefix, prefix_len)
-    if _last_mask is not None and _last_mask[0]() is meta and _last_mask[1] == shape:
-        return _last_mask[2]
-    block_mask = grouped_block_mask(meta, query.shape[0], query.shape[2], query.device, prefix, prefix_len)
-    _last_mask = (weakref.ref(meta), shape, block_mask)
-    return block_mask
+def _block_mask(meta: GroupedAttentionMeta, query: torch.Tensor, prefix: int, prefix_len: int, window: int | None):
+    """The micro-batch's BlockMasks, one per (shape, window): every layer of a forward reads the same meta, and a
+    model with sliding and full layers asks for two."""
+    global _last_masks
+    if _last_masks is None or _last_masks[0]() is not meta:
+        _last_masks = (weakref.ref(meta), {})
+    key = (*query.shape, prefix, prefix_len, window)
+    masks = _last_masks[1]
+    if key not in masks:
+        masks[key] = grouped_block_mask(meta, query.shape[0], query.shape[2], query.device, prefix, prefix_len, window)
+    return masks[key]
 
 
 def _compiled_block_mask():

@@ -16,119 +16,192 @@ Seen from one response, this is flash-attn's bottom-right-aligned causal mask fo
 Lp + Lr keys [prefix; response]:
         1 1 1 1 0
         1 1 1 1 1
-That row is computed in two parts, never copying the prefix K/V per member:
-    cross: every response query of the group x the one prefix K/V, no mask (one matmul per group)
-    self:  each response's queries x its own K/V, causal (square, so both alignments agree)
-and merged exactly by log-sum-exp (Prefix Grouper, arXiv 2506.05433, Eq. 4; the merge is
-flash-decoding's):
+Each row is computed in parts, never copying the prefix K/V per member:
+    prefix: each prefix's queries x its own K/V, causal
+    cross:  every response query of the group x the one prefix K/V (one matmul per group)
+    self:   each response's queries x its own K/V, causal (square, so both alignments agree)
+and the parts of a row are merged exactly by log-sum-exp (Prefix Grouper, arXiv 2506.05433, Eq. 4; the
+merge is flash-decoding's):
     lse = log(e^lse_c + e^lse_s),   out = e^(lse_c - lse) * o_c + e^(lse_s - lse) * o_s
-On CPU every part runs on torch's flash kernel (no [Lq, Lk] score matrix is kept); on other devices
-the two response parts run as plain matmuls (`attention_with_lse`'s kernels). The response rows'
-backward is the ring-attention one, as in `grouped_flash`: each part's backward is given the *merged*
-output and lse, which recomputes the merged softmax restricted to that part's keys, and the parts' dQ
-add up; so no part needs an lse gradient.
 
-Half-precision inputs are computed in fp32 in the two response parts; fp32 and fp64 stay as is.
+A sliding window (options.py) cuts every part by the sample's own positions: a prefix or self block keeps
+the band  i - window < j <= i;  a cross block keeps the prefix keys past  pos(query) - window, so a response
+token far from its prompt may read none of it (that part's row is empty: lse = -inf, no weight in the merge).
+Attention sinks join the merge as one more part whose output is zero:  lse' = log(e^lse + e^sink),
+out' = e^(lse - lse') out.  Soft-capping applies inside every part's scores.
+
+On CPU every part runs on torch's flash kernel (no [Lq, Lk] score matrix is kept; a window or a key
+mask is an additive bias), unless the scores are soft-capped; otherwise the parts run as plain matmuls
+(`_attn_fwd`). The backward is the ring-attention one, as in `grouped_flash`: each part's backward is
+given the *merged* output and lse, which recomputes the merged softmax restricted to that part's keys, and
+the parts' dQ add up; so no part needs an lse gradient. A sink's gradient is -e^(sink - lse') rowsum(dO O').
+
+Half-precision inputs are computed in fp32; fp32 and fp64 stay as is.
 """
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from verl_ext.attention.layout import GroupedAttentionMeta
+from verl_ext.attention.options import AttentionOptions
+
+_PLAIN = AttentionOptions()
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _keep_mask(lq: int, lk: int, causal: bool, key_mask: torch.Tensor | None, device) -> torch.Tensor | None:
-    """[b|1, 1, 1, lq, lk] bool, True = attend; None = attend everywhere."""
-    keep = torch.ones(lq, lk, dtype=torch.bool, device=device).tril_() if causal else None
-    if key_mask is not None:
-        km = key_mask[:, None, None, None, :]
-        keep = km if keep is None else keep & km
-    return keep
+# ---------------------------------------------------------------- one part: (o, lse) of a block of rows
 
 
-def _scores(q, k, scale, causal, key_mask):
-    """[b, hkv, rep, lq, lk]: query heads sharing a kv head are stacked into one matmul (GQA, no K copy)."""
+def _scores(q, k, scale, keep, softcap):
+    """[b, hkv, rep, lq, lk] (query heads sharing a kv head stacked into one matmul: GQA, no K copy), and the
+    tanh of the soft-capped scores (None without soft-capping)."""
     b, h, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     s = torch.matmul((q * scale).reshape(b, hkv, (h // hkv) * lq, d), k.transpose(-1, -2))
     s = s.view(b, hkv, h // hkv, lq, lk)
-    keep = _keep_mask(lq, lk, causal, key_mask, q.device)
-    return s if keep is None else s.masked_fill_(~keep, float("-inf"))
+    tanh = None
+    if softcap is not None:
+        tanh = torch.tanh(s / softcap)
+        s = tanh * softcap
+    return (s if keep is None else s.masked_fill(~keep[:, None], float("-inf"))), tanh
 
 
-def _attn_fwd(q, k, v, scale, causal, key_mask):
-    b, h, lq, d = q.shape
-    s = _scores(q, k, scale, causal, key_mask)
+def _attn_fwd(q, k, v, scale, keep, softcap):
+    """(o [b, h, lq, dv], lse [b, h, lq]); keep [b|1, 1, lq, lk] bool or None. A row with no key: o = 0, lse = -inf."""
+    b, h, lq, _ = q.shape
+    s, _ = _scores(q, k, scale, keep, softcap)
     row_max = s.amax(dim=-1, keepdim=True)
-    p = s.sub_(row_max).exp_()  # in place: s is ours
+    row_max = row_max.masked_fill(row_max == float("-inf"), 0.0)  # an empty row: exp(-inf) = 0, not nan
+    p = s.sub_(row_max).exp_()
     row_sum = p.sum(dim=-1, keepdim=True)
     lse = (row_max + row_sum.log()).squeeze(-1)
-    o = torch.matmul(p.div_(row_sum).view(b, k.shape[1], -1, k.shape[2]), v)
-    return o.view(b, h, lq, d), lse.view(b, h, lq)
+    p = p.div_(row_sum.masked_fill(row_sum == 0, 1.0)).view(b, k.shape[1], -1, k.shape[2])
+    return torch.matmul(p, v).view(b, h, lq, v.shape[-1]), lse.view(b, h, lq)
 
 
-def _attn_bwd(do, dlse, q, k, v, o, lse, scale, causal, key_mask):
-    """Recompute P, then dS = P * (dP - rowsum(dO * O) + dlse) (dlse: d lse / d s = P)."""
+def _attn_bwd(do, q, k, v, o, lse, scale, keep, softcap):
+    """Recompute P = exp(s - lse) with the merged lse, then dS = P * (dP - rowsum(dO * O)) (and tanh' when capped)."""
     b, h, lq, d = q.shape
-    hkv, lk = k.shape[1], k.shape[2]
-    s = _scores(q, k, scale, causal, key_mask)
-    p = s.sub_(lse.view(b, hkv, h // hkv, lq, 1)).exp_().view(b, hkv, -1, lk)
-    do_kv = do.reshape(b, hkv, -1, d)
-    dv = torch.matmul(p.transpose(-1, -2), do_kv)
-    dp = torch.matmul(do_kv, v.transpose(-1, -2))
-    delta = (do * o).sum(-1) - dlse  # [b, h, lq]
-    ds = p.mul_(dp.sub_(delta.reshape(b, hkv, -1, 1)))
+    hkv, lk, dv = k.shape[1], k.shape[2], v.shape[-1]
+    s, tanh = _scores(q, k, scale, keep, softcap)
+    p = s.sub_(lse.view(b, hkv, h // hkv, lq, 1)).exp_()
+    p2 = p.view(b, hkv, -1, lk)
+    do_kv = do.reshape(b, hkv, -1, dv)
+    dv_ = torch.matmul(p2.transpose(-1, -2), do_kv)
+    dp = torch.matmul(do_kv, v.transpose(-1, -2)).view_as(p)
+    delta = (do * o).sum(-1).view(b, hkv, h // hkv, lq, 1)
+    ds = p.mul_(dp.sub_(delta))
+    if tanh is not None:
+        ds = ds.mul_(1 - tanh * tanh)
+    ds = ds.view(b, hkv, -1, lk)
     dq = torch.matmul(ds, k).mul_(scale).view(b, h, lq, d)
     dk = torch.matmul(ds.transpose(-1, -2), (q * scale).reshape(b, hkv, -1, d))
-    return dq, dk, dv
+    return dq, dk, dv_
 
 
-class _AttentionWithLse(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, scale, causal, key_mask):
-        dtype = _compute_dtype(q.dtype)
-        o, lse = _attn_fwd(q.to(dtype), k.to(dtype), v.to(dtype), scale, causal, key_mask)
-        ctx.save_for_backward(q, k, v, o, lse, key_mask)
-        ctx.scale, ctx.causal = scale, causal
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, do, dlse):
-        q, k, v, o, lse, key_mask = ctx.saved_tensors
-        dtype = o.dtype
-        grads = _attn_bwd(do, dlse, q.to(dtype), k.to(dtype), v.to(dtype), o, lse, ctx.scale, ctx.causal, key_mask)
-        return *(g.to(x.dtype) for g, x in zip(grads, (q, k, v))), None, None, None
+def _cpu_flash(q: torch.Tensor) -> bool:
+    """Whether a part runs on torch's CPU flash kernel, whose private aten ops (torch 2.13) return the lse, take it
+    back in the backward and take GQA as is; other devices use the matmul kernels."""
+    return q.device.type == "cpu"
 
 
-def attention_with_lse(
-    q: torch.Tensor,  # [b, h, lq, d]
-    k: torch.Tensor,  # [b, hkv, lk, d], h % hkv == 0
-    v: torch.Tensor,  # [b, hkv, lk, d]
-    scale: float,
-    causal: bool = False,  # top-left aligned; used here only with lq == lk
-    key_mask: torch.Tensor | None = None,  # [b, lk] bool, True = real key
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax attention returning (out [b, h, lq, d], lse [b, h, lq]), both differentiable.
-
-    Computed in fp32 for half inputs. Every query row must see at least one key.
-    """
-    return _AttentionWithLse.apply(q, k, v, scale, causal, key_mask)
+def _bias(keep, dtype):
+    """[n|1, 1, lq, lk] bool (True = attend) -> the additive mask of the flash kernel; None stays None."""
+    if keep is None:
+        return None
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, float("-inf"))
 
 
-def merge_by_lse(o_a, lse_a, o_b, lse_b):
-    """Exact softmax over the union of two disjoint key sets; o [..., d], lse [...]."""
-    lse = torch.logaddexp(lse_a, lse_b)
-    return torch.exp(lse_a - lse)[..., None] * o_a + torch.exp(lse_b - lse)[..., None] * o_b
+def _same_head_size(q, k, v):
+    """The CPU flash kernel takes one head size: zero columns added to the narrower side change no score and no
+    output column (MLA's value heads are narrower than its query/key heads)."""
+    d, dv = q.shape[-1], v.shape[-1]
+    if dv < d:
+        v = F.pad(v, (0, d - dv))
+    elif d < dv:
+        q, k = F.pad(q, (0, dv - d)), F.pad(k, (0, dv - d))
+    return q, k, v
 
 
-def _tokens(x):
-    """[B, H, S, D] -> [B*S, H, D] (a view for B == 1)."""
-    b, h, s, d = x.shape
-    return x.transpose(1, 2).reshape(b * s, h, d)
+def _part_fwd(q, k, v, scale, causal, keep, softcap):
+    """(o [n, h, lq, dv], lse [n, h, lq]) of one part; causal: top-left aligned, lq == lk."""
+    if not _cpu_flash(q) or softcap is not None:
+        if causal:
+            keep = _band(q.shape[2], None, q.device)
+        return _attn_fwd(q, k, v, scale, keep, softcap)
+    dv = v.shape[-1]
+    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        *_same_head_size(q, k, v), 0.0, causal, attn_mask=_bias(keep, q.dtype), scale=scale)
+    if keep is not None:  # the kernel gives an empty row lse 0 (with o = 0): it must weigh nothing in the merge
+        lse = lse.masked_fill(~keep.any(-1), float("-inf"))
+    return o[..., :dv], lse
+
+
+def _part_bwd(do, q, k, v, o, lse, scale, causal, keep, softcap):
+    """(dq, dk, dv) of one part, given the merged o and lse of its rows (ring-attention backward)."""
+    if not _cpu_flash(q) or softcap is not None:
+        if causal:
+            keep = _band(q.shape[2], None, q.device)
+        return _attn_bwd(do, q, k, v, o, lse, scale, keep, softcap)
+    d, dv = q.shape[-1], v.shape[-1]
+    width = max(d, dv)
+    do, o = (F.pad(x, (0, width - dv)) for x in (do, o))
+    dq, dk, dv_ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        do, *_same_head_size(q, k, v), o, lse, 0.0, causal, attn_mask=_bias(keep, q.dtype), scale=scale)
+    return dq[..., :d], dk[..., :d], dv_[..., :dv]
+
+
+# ---------------------------------------------------------------- the parts of a grouped batch
+
+
+def _band(n: int, window: int | None, device) -> torch.Tensor:
+    """[1, 1, n, n] bool: j <= i, and j > i - window with a window."""
+    i = torch.arange(n, device=device)
+    keep = i[None, :] <= i[:, None]
+    if window is not None:
+        keep &= i[None, :] > i[:, None] - window
+    return keep[None, None]
+
+
+@dataclass(frozen=True)
+class _Part:
+    """Query blocks [n, H, w, D] gathered by `index`; `slots` place the part's rows among the block rows, and
+    `tokens` are those rows' flat token indices (same order)."""
+
+    index: torch.Tensor  # [n, w] flat token index of each block slot
+    slots: torch.Tensor  # [R_part] position in index.flatten() of each real row
+    tokens: torch.Tensor  # [R_part] flat token index of each real row
+    keys: str  # "stream": K/V gathered with `index` (square blocks); "prefix": the kp/vp blocks
+    causal: bool  # top-left causal over square blocks, no mask tensor
+    keep: torch.Tensor | None  # [n|1, 1, w, lk] bool, True = attend
+
+
+def _parts(meta: GroupedAttentionMeta, window: int | None, prefix_len: int) -> list[_Part]:
+    dense = meta.dense
+    device = dense.prefix_index.device
+    parts = []
+    if meta.reads_prefix is None and meta.prefix_tokens.numel():
+        width = dense.prefix_index.shape[1]
+        keep = None if window is None else _band(width, window, device)
+        parts.append(_Part(dense.prefix_index, dense.prefix_slots, meta.prefix_tokens, "stream", keep is None, keep))
+    if meta.response_tokens.numel():
+        keep = None
+        if dense.cross_key_mask is not None:
+            keep = dense.cross_key_mask[:, None, None, :]
+        if window is not None:  # prefix key j (its position) is visible from position p iff j > p - window
+            query_pos = meta.positions[dense.cross_index]  # [n_cross, w]
+            in_window = torch.arange(prefix_len, device=device) > (query_pos - window)[..., None]
+            keep = in_window[:, None] if keep is None else keep & in_window[:, None]
+        parts.append(_Part(dense.cross_index, dense.cross_slots, meta.response_tokens, "prefix", False, keep))
+        width = dense.self_index.shape[1]
+        keep = None if window is None else _band(width, window, device)
+        parts.append(_Part(dense.self_index, dense.self_slots, meta.response_tokens, "stream", keep is None, keep))
+    return parts
 
 
 def _gather_blocks(x, index):
@@ -148,107 +221,103 @@ def _to_blocks(rows, slots, n, w, fill=0.0):
     return out.view(n, w, *rows.shape[1:]).transpose(1, 2)
 
 
-def _cpu_flash(q: torch.Tensor) -> bool:
-    """Whether a response part runs on torch's CPU flash kernel, whose private aten ops (torch 2.13) return
-    the lse, take it back in the backward and take GQA as is; other devices use the matmul kernels."""
-    return q.device.type == "cpu"
+def _merge(o_a, lse_a, o_b, lse_b):
+    """Softmax over the union of two disjoint key sets (o [..., d], lse [...]); either may be empty (lse -inf)."""
+    top = torch.maximum(lse_a, lse_b)
+    top = top.masked_fill(top == float("-inf"), 0.0)
+    w_a, w_b = torch.exp(lse_a - top), torch.exp(lse_b - top)
+    total = w_a + w_b
+    out = (w_a[..., None] * o_a + w_b[..., None] * o_b) / total.masked_fill(total == 0, 1.0)[..., None]
+    return out, top + total.log()
 
 
-def _key_bias(key_mask, dtype):
-    """[n, lk] bool (True = real key) -> additive [n, 1, 1, lk] for the flash kernel; None stays None."""
-    if key_mask is None:
-        return None
-    bias = torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device).masked_fill(~key_mask, float("-inf"))
-    return bias[:, None, None]
+def merge_by_lse(o_a, lse_a, o_b, lse_b):
+    """Exact softmax output over the union of two disjoint key sets; o [..., d], lse [...]."""
+    return _merge(o_a, lse_a, o_b, lse_b)[0]
 
 
-def _part_fwd(q, k, v, scale, causal, key_mask):
-    """One part of the response rows: (o [n, h, lq, d], lse [n, h, lq])."""
-    if _cpu_flash(q):
-        bias = _key_bias(key_mask, q.dtype)
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=bias, scale=scale)
-    return _attn_fwd(q, k, v, scale, causal, key_mask)
-
-
-def _part_bwd(do, q, k, v, o, lse, scale, causal, key_mask):
-    """(dq, dk, dv) of one part, given the merged o and lse of its rows (ring-attention backward)."""
-    if _cpu_flash(q):
-        bias = _key_bias(key_mask, q.dtype)
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            do, q, k, v, o, lse, 0.0, causal, attn_mask=bias, scale=scale
-        )
-    return _attn_bwd(do, torch.zeros_like(lse), q, k, v, o, lse, scale, causal, key_mask)
-
-
-class _ResponseAttention(torch.autograd.Function):
-    """[R, H, D] output of every response token, in stream order: cross part and self part, merged.
-
-    A part works on blocks [n, H, w, D] (`meta.dense`); `*_slots` map its rows to the R response rows.
-    Block rows no response token maps to get do = 0 and lse = +inf in the backward: they add nothing.
-    """
+class _GroupedAttention(torch.autograd.Function):
+    """[N, H, Dv] output of every flat token (pads: zero), its parts merged, then the sinks."""
 
     @staticmethod
-    def forward(ctx, q, k, v, kp, vp, meta: GroupedAttentionMeta, scale):
-        ctx.in_dtypes = [x.dtype for x in (q, k, v, kp, vp)]
-        dtype, dense = _compute_dtype(q.dtype), meta.dense
-        q, k, v, kp, vp = (x.to(dtype) for x in (q, k, v, kp, vp))
-        o_c, lse_c = _part_fwd(_gather_blocks(q, dense.cross_index), kp, vp, scale, False, dense.cross_key_mask)
-        o_s, lse_s = _part_fwd(*(_gather_blocks(x, dense.self_index) for x in (q, k, v)), scale, True, None)
-        o_c, lse_c = (_scatter_rows(x, dense.cross_slots) for x in (o_c, lse_c))  # -> [R, H, (D)]
-        o_s, lse_s = (_scatter_rows(x, dense.self_slots) for x in (o_s, lse_s))
-        out, lse = merge_by_lse(o_c, lse_c, o_s, lse_s), torch.logaddexp(lse_c, lse_s)
-        ctx.save_for_backward(q, k, v, kp, vp, out, lse)
-        ctx.meta, ctx.scale = meta, scale
+    def forward(ctx, q, k, v, kp, vp, sinks, meta: GroupedAttentionMeta, scale, options: AttentionOptions):
+        ctx.in_dtypes = [x.dtype for x in (q, k, v, kp, vp, sinks)]
+        dtype = _compute_dtype(q.dtype)
+        q, k, v, kp, vp, sinks = (x.to(dtype) for x in (q, k, v, kp, vp, sinks))
+        n_tokens, heads = q.shape[:2]
+        out = q.new_zeros(n_tokens, heads, v.shape[-1])
+        lse = q.new_full((n_tokens, heads), float("-inf"))
+        parts = _parts(meta, options.window, kp.shape[2])
+        for part in parts:
+            qb, kb, vb = _part_inputs(part, q, k, v, kp, vp)
+            o_p, lse_p = _part_fwd(qb, kb, vb, scale, part.causal, part.keep, options.softcap)
+            o_p, lse_p = _scatter_rows(o_p, part.slots), _scatter_rows(lse_p, part.slots)
+            merged_o, merged_lse = _merge(out[part.tokens], lse[part.tokens], o_p, lse_p)
+            out.index_copy_(0, part.tokens, merged_o)
+            lse.index_copy_(0, part.tokens, merged_lse)
+        if sinks.numel():
+            out, lse = _merge(out, lse, torch.zeros_like(out), sinks.expand_as(lse))
+        ctx.save_for_backward(q, k, v, kp, vp, sinks, out, lse)
+        ctx.meta, ctx.scale, ctx.options, ctx.parts = meta, scale, options, parts
         return out
 
     @staticmethod
     def backward(ctx, d_out):
-        q, k, v, kp, vp, out, lse = ctx.saved_tensors
-        dense, scale = ctx.meta.dense, ctx.scale
+        q, k, v, kp, vp, sinks, out, lse = ctx.saved_tensors
         d_out = d_out.to(out.dtype)
+        grads = {"q": torch.zeros_like(q), "k": torch.zeros_like(k), "v": torch.zeros_like(v),
+                 "kp": torch.zeros_like(kp), "vp": torch.zeros_like(vp)}
+        for part in ctx.parts:
+            n, w = part.index.shape
+            do_b, o_b = (_to_blocks(x[part.tokens], part.slots, n, w) for x in (d_out, out))
+            lse_b = _to_blocks(lse[part.tokens], part.slots, n, w, float("inf"))  # rows of no token add nothing
+            qb, kb, vb = _part_inputs(part, q, k, v, kp, vp)
+            dq, dk, dv = _part_bwd(do_b, qb, kb, vb, o_b, lse_b, ctx.scale, part.causal, part.keep, ctx.options.softcap)
+            grads["q"].index_add_(0, part.tokens, _scatter_rows(dq, part.slots))
+            if part.keys == "stream":  # square blocks: a key's slot is its query's
+                grads["k"].index_add_(0, part.tokens, _scatter_rows(dk, part.slots))
+                grads["v"].index_add_(0, part.tokens, _scatter_rows(dv, part.slots))
+            else:
+                grads["kp"], grads["vp"] = dk, dv
+        d_sinks = None
+        if sinks.numel():  # d sink = -sum over rows of e^(sink - lse') rowsum(dO * O')
+            d_sinks = -(torch.exp(sinks - lse) * (d_out * out).sum(-1)).sum(0)
+        cast = [g.to(t) for g, t in zip(grads.values(), ctx.in_dtypes)]
+        return *cast, None if d_sinks is None else d_sinks.to(ctx.in_dtypes[-1]), None, None, None
 
-        def merged(index, slots):  # (do, o, lse) of the response rows, laid out as the part's blocks
-            n, w = index.shape
-            inf = float("inf")
-            return _to_blocks(d_out, slots, n, w), _to_blocks(out, slots, n, w), _to_blocks(lse, slots, n, w, inf)
 
-        do_c, o_c, lse_c = merged(dense.cross_index, dense.cross_slots)
-        qc = _gather_blocks(q, dense.cross_index)
-        dqc, dkp, dvp = _part_bwd(do_c, qc, kp, vp, o_c, lse_c, scale, False, dense.cross_key_mask)
-        do_s, o_s, lse_s = merged(dense.self_index, dense.self_slots)
-        qs, ks, vs = (_gather_blocks(x, dense.self_index) for x in (q, k, v))
-        dqs, dks, dvs = _part_bwd(do_s, qs, ks, vs, o_s, lse_s, scale, True, None)
-        tokens = ctx.meta.response_tokens
-        dq_rows = _scatter_rows(dqc, dense.cross_slots) + _scatter_rows(dqs, dense.self_slots)
-        dq = q.new_zeros(q.shape).index_copy_(0, tokens, dq_rows)
-        dk = k.new_zeros(k.shape).index_copy_(0, tokens, _scatter_rows(dks, dense.self_slots))
-        dv = v.new_zeros(v.shape).index_copy_(0, tokens, _scatter_rows(dvs, dense.self_slots))
-        grads = (g.to(t) for g, t in zip((dq, dk, dv, dkp, dvp), ctx.in_dtypes))
-        return *grads, None, None
+def _part_inputs(part: _Part, q, k, v, kp, vp):
+    qb = _gather_blocks(q, part.index)
+    if part.keys == "stream":
+        return qb, _gather_blocks(k, part.index), _gather_blocks(v, part.index)
+    return qb, kp, vp
+
+
+def _tokens(x):
+    """[B, H, S, D] -> [B*S, H, D] (a view for B == 1)."""
+    b, h, s, d = x.shape
+    return x.transpose(1, 2).reshape(b * s, h, d)
 
 
 def grouped_sdpa_attention(
     query: torch.Tensor,  # [B, H, S, D]
     key: torch.Tensor,  # [B, Hkv, S, D]
-    value: torch.Tensor,  # [B, Hkv, S, D]
+    value: torch.Tensor,  # [B, Hkv, S, Dv] (Dv may differ from D: MLA)
     meta: GroupedAttentionMeta,
     scale: float,
-    shared_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # ([1, Hkv, Lp, D],) * 2: the prefix the responses read
+    shared_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # ([1, Hkv, Lp, D], [1, Hkv, Lp, Dv]): the prefix read
+    options: AttentionOptions = _PLAIN,
 ) -> torch.Tensor:
-    """[B, S, H, D] grouped attention output; tokens in no segment (pads) get zeros."""
-    b, h, s, d = query.shape
+    """[B, S, H, Dv] grouped attention output; tokens in no segment (pads) get zeros."""
+    b, h, s, _ = query.shape
     q, k, v = _tokens(query), _tokens(key), _tokens(value)
     dense = meta.dense
-    out = q.new_zeros(b * s, h, d)  # filled in place: an out-of-place index_copy copies the whole stream again
     if shared_kv is not None:
-        kp, vp = (x.to(q.dtype) for x in shared_kv)
+        kp, vp = shared_kv
     else:
-        qp, kp, vp = (_gather_blocks(x, dense.prefix_index) for x in (q, k, v))
-        o_p = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale, enable_gqa=True)
-        out.index_copy_(0, meta.prefix_tokens, _scatter_rows(o_p, dense.prefix_slots))
-    if meta.response_tokens.numel():
-        rows = dense.cross_rows
-        if rows.numel() != kp.shape[0]:  # some groups have only empty responses
-            kp, vp = kp[rows], vp[rows]
-        out.index_copy_(0, meta.response_tokens, _ResponseAttention.apply(q, k, v, kp, vp, meta, scale).to(out.dtype))
-    return out.view(b, s, h, d)
+        kp, vp = (_gather_blocks(x, dense.prefix_index) for x in (k, v))
+        if dense.cross_rows.numel() != kp.shape[0]:  # some groups have only empty responses
+            kp, vp = kp[dense.cross_rows], vp[dense.cross_rows]
+    sinks = options.sinks if options.sinks is not None else q.new_zeros(0)
+    out = _GroupedAttention.apply(q, k, v, kp, vp, sinks, meta, scale, options)
+    return out.to(query.dtype).view(b, s, h, value.shape[-1])

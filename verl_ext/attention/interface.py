@@ -29,6 +29,7 @@ from verl_ext.attention.grouped_flash import flash_unusable_reason, grouped_flas
 from verl_ext.attention.grouped_flex import flex_unusable_reason, grouped_flex_attention
 from verl_ext.attention.grouped_sdpa import grouped_sdpa_attention
 from verl_ext.attention.layout import GroupedAttentionMeta
+from verl_ext.attention.options import AttentionOptions, read_options
 from verl_ext.settings import GROUPED_ATTENTION_ENV, GroupedAttention
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ def grouped_attention(
     scale: float,
     backend: Backend | None = None,  # None: configured_backend()
     shared_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # ([1, Hkv, Lp, D],) * 2 when meta reads a shared prefix
+    options: AttentionOptions = AttentionOptions(),  # sliding window, soft-capping, sinks
 ) -> torch.Tensor:
     """[B, S, H, D]. "auto": on CUDA flash-attn where it can run these tensors, else FlexAttention, else pure
     PyTorch; on CPU pure PyTorch. Under auto a FlexAttention that fails (its compile, on a GPU or torch it was
@@ -65,9 +67,8 @@ def grouped_attention(
     them raises (start-up checks refuse the choices that never can: preflight)."""
     backend = backend or configured_backend()
     unusable = {"sdpa": None}
-    unusable["flex"] = flex_unusable_reason(query)
-    # the cross part reading another pass's keys: flex and the PyTorch path do, flash not yet
-    unusable["flash"] = flash_unusable_reason(query) if shared_kv is None else "it does not read a shared prefix yet"
+    unusable["flex"] = flex_unusable_reason(query)  # every option runs on flex
+    unusable["flash"] = _flash_unusable_reason(query, value, shared_kv, options)
     if backend == "auto":
         order = ("flash", "flex", "sdpa") if query.is_cuda else ("sdpa",)
         chosen = next(name for name in order if unusable[name] is None)
@@ -83,13 +84,24 @@ def grouped_attention(
         chosen = "sdpa"
     if chosen == "flex":
         try:
-            return grouped_flex_attention(query, key, value, meta, scale, shared_kv)
+            return grouped_flex_attention(query, key, value, meta, scale, shared_kv, options)
         except Exception as error:  # noqa: BLE001  (auto only: a compile or kernel failure leaves the exact path)
             if backend != "auto":
                 raise
             _flex_failed.append(repr(error))
             logger.warning("grouped attention: FlexAttention failed (%r); this process uses the PyTorch path", error)
-    return grouped_sdpa_attention(query, key, value, meta, scale, shared_kv)
+    return grouped_sdpa_attention(query, key, value, meta, scale, shared_kv, options)
+
+
+def _flash_unusable_reason(query, value, shared_kv, options: AttentionOptions) -> str | None:
+    """The flash path runs plain causal attention with one head size over the stream's own prefix."""
+    if shared_kv is not None:
+        return "it does not read a shared prefix yet"
+    if not options.plain:
+        return "it does not implement sliding windows, soft-capping or sinks yet"
+    if value.shape[-1] != query.shape[-1]:
+        return "it does not take value heads of another size (MLA)"
+    return flash_unusable_reason(query)
 
 
 @functools.cache
@@ -117,14 +129,14 @@ def grouped_attention_forward(
     if attention_mask is not None:
         raise ValueError("grouped attention takes its mask from the layout metadata; got an attention_mask")
     if dropout:
-        raise NotImplementedError("grouped attention does not implement attention dropout")
-    if kwargs.get("sliding_window"):
-        raise NotImplementedError("grouped attention does not implement sliding-window layers")
+        raise NotImplementedError("grouped attention does not implement attention dropout; set the model's "
+                                  "attention_dropout to 0 or turn actor.use_prefix_grouper off")
+    options = read_options(module, kwargs, known=frozenset({META_KWARG}))
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if meta.records_prefix is not None:
         meta.records_prefix.record(_layer_index(module), key, value)
     shared_kv = None if meta.reads_prefix is None else meta.reads_prefix.layer(_layer_index(module))
-    return grouped_attention(query, key, value, meta, scale, shared_kv=shared_kv), None
+    return grouped_attention(query, key, value, meta, scale, shared_kv=shared_kv, options=options), None
 
 
 def _layer_index(module: torch.nn.Module) -> int:

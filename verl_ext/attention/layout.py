@@ -74,6 +74,7 @@ class GroupedAttentionMeta:
     num_tokens: int  # B * S, pads included
     prefix_tokens: torch.Tensor  # [n_prefix_tokens] flat index, stream order
     response_tokens: torch.Tensor  # [n_response_tokens] flat index, stream order
+    positions: torch.Tensor  # [num_tokens] each token's position in its own sample (pads 0): sliding windows count these
     dense: DenseSegments
     varlen: VarlenSegments
     records_prefix: "SharedPrefix | None" = None  # a pass over one prompt alone: each layer records its keys/values
@@ -212,12 +213,13 @@ def _varlen(s: _Spans) -> VarlenSegments:
     )
 
 
-def _attention_meta(s: _Spans, records_prefix, reads_prefix) -> GroupedAttentionMeta:
+def _attention_meta(s: _Spans, positions: np.ndarray, records_prefix, reads_prefix) -> GroupedAttentionMeta:
     live = s.resp_len > 0
     return GroupedAttentionMeta(
         num_tokens=s.rows * s.row_len,
         prefix_tokens=_long(_ranges(s.prefix_start, s.prefix_len)),
         response_tokens=_long(_ranges(s.resp_start[live], s.resp_len[live])),
+        positions=_long(positions),
         dense=_dense(s),
         varlen=_varlen(s),
         records_prefix=records_prefix,
@@ -256,7 +258,7 @@ def build_grouped_batch(
         layout=layout,
         input_ids=torch.as_tensor(ids).view(s.rows, s.row_len),
         position_ids=torch.as_tensor(pos).view(s.rows, s.row_len),
-        attention=_attention_meta(s, records_prefix, reads_prefix),
+        attention=_attention_meta(s, pos, records_prefix, reads_prefix),
         **_sample_maps(s),
     )
 
