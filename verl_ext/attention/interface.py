@@ -18,6 +18,7 @@ What this touches, and why models that do not opt in are unaffected:
 import functools
 import logging
 import os
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import get_args
@@ -28,6 +29,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from verl_ext.attention.grouped_flash import flash_unusable_reason, grouped_flash_attention
 from verl_ext.attention.grouped_flex import flex_unusable_reason, grouped_flex_attention
 from verl_ext.attention.grouped_sdpa import grouped_sdpa_attention
+from verl_ext.attention.layer_kinds import ATTENTION_KINDS, check_model
 from verl_ext.attention.layout import GroupedAttentionMeta
 from verl_ext.attention.options import AttentionOptions, read_options
 from verl_ext.settings import GROUPED_ATTENTION_ENV, GroupedAttention
@@ -151,9 +153,23 @@ def register() -> None:
     AttentionInterface.register(ATTN_IMPLEMENTATION, grouped_attention_forward)
 
 
+SERVED_KINDS = ATTENTION_KINDS  # full, sliding-window and MLA attention (layer_kinds.py)
+REFUSAL_FIX = "turn actor.use_prefix_grouper off for this model"
+_checked_models: "weakref.WeakSet[PreTrainedModel]" = weakref.WeakSet()  # one training thread adds (no lock)
+
+
+def check_grouped_model(model: PreTrainedModel) -> None:
+    """Refuse, in one line, a model with a layer the grouped forward does not implement (once per model)."""
+    if model not in _checked_models:
+        check_model(model, SERVED_KINDS, "actor.use_prefix_grouper=true: the grouped forward", REFUSAL_FIX)
+        _checked_models.add(model)
+
+
 @contextmanager
 def grouped_attention_mode(model: PreTrainedModel) -> Iterator[PreTrainedModel]:
-    """Within the block, `model` attends with the grouped kernel; the previous implementation is restored after."""
+    """Within the block, `model` attends with the grouped kernel; the previous implementation is restored after.
+    A model with a layer kind the grouped forward does not implement is refused first."""
+    check_grouped_model(model)
     register()
     previous = model.config._attn_implementation
     model.set_attn_implementation(ATTN_IMPLEMENTATION)

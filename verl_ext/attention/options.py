@@ -20,7 +20,8 @@ import torch
 
 # Keywords that change nothing the grouped kernels compute: bookkeeping of the call, or read elsewhere (the
 # positions come from the grouped layout; a cache is refused by the layout's `use_cache=False`).
-_NEUTRAL = frozenset({"position_ids", "use_cache", "cache_position", "output_attentions", "return_dict"})
+_NEUTRAL = frozenset({"position_ids", "use_cache", "cache_position", "output_attentions", "return_dict",
+                      "output_router_logits", "output_hidden_states"})
 
 
 @dataclass(frozen=True, eq=False)
