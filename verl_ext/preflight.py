@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from verl_ext import compat
 from verl_ext.demo_resolver import RESOLVER
+from verl_ext.model_layers import check_model_layers
 from verl_ext.platform import vllm_cpu
 from verl_ext.settings import ConfigError, Settings, read_settings
 from verl_ext.vllm import engine_args
@@ -167,6 +168,8 @@ def check_before_data(config: DictConfig) -> Settings:
     _check_model_attention_installed(config)
     _check_device_visible(settings.trainer.device)
     check_paths(config, skip_built=True)
+    if not _built_by_demo(config, _MODEL_PATH):  # the embedded default's model is a plain Qwen2
+        check_model_layers(config, settings, OmegaConf.select(config, _MODEL_PATH))
     return settings
 
 

@@ -35,18 +35,52 @@ def test_allowed_without_the_flag(override):
     assert not read_prefix_grouper(_arr("actor_rollout_ref.actor.use_prefix_grouper=false", override)).enabled
 
 
-def test_ulysses_refused_by_the_entry_point_in_one_line(tmp_path):
-    # end to end: before Ray starts, one line on stderr, no traceback
-    model = tmp_path / "model"
-    model.mkdir()
+def _refusal(tmp_path, model_dir, *overrides) -> str:
+    """The entry point's one line on stderr, before Ray starts (nothing of verl's start-up in the output)."""
     data = tmp_path / "data.parquet"
     data.touch()
     command = main_command(
-        FLAG, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", f"actor_rollout_ref.model.path={model}",
+        *overrides, f"actor_rollout_ref.model.path={model_dir}",
         f"data.train_files={data}", f"data.val_files={data}", f"reward.custom_reward_function.path={data}",
     )  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode != 0
-    last_line = result.stderr.strip().splitlines()[-1]
-    assert last_line.startswith("verl_ext: ") and "Ulysses sequence parallelism" in last_line, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr and "ray" not in result.stdout.lower(), result.stderr[-2000:]
+    return result.stderr.strip().splitlines()[-1]
+
+
+def test_ulysses_refused_by_the_entry_point_in_one_line(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    last_line = _refusal(tmp_path, model, FLAG, "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2")
+    assert last_line.startswith("verl_ext: ") and "Ulysses sequence parallelism" in last_line
+
+
+# tiny configs of hybrid families (model_families.py); a model directory needs only its config.json here
+HYBRID = {"qwen3_5": "linear-attention layers (qwen3_5, layer 0: linear_attention)",
+          "qwen3_next": "linear-attention layers (qwen3_next, layer 0: linear_attention)",
+          "lfm2": "convolution layers (lfm2, layer 0: conv)"}
+
+
+@pytest.mark.parametrize("model_type", sorted(HYBRID))
+def test_hybrid_model_refused_before_ray_in_one_line(tmp_path, model_type):
+    model_dir = tmp_path / model_type
+    _hybrid_config(model_type).save_pretrained(model_dir)
+    last_line = _refusal(tmp_path, model_dir, FLAG)  # the grouped forward is checked first
+    assert last_line == (f"verl_ext: actor_rollout_ref.actor.use_prefix_grouper=true: the grouped forward does not "
+                         f"implement {HYBRID[model_type]}; turn actor_rollout_ref.actor.use_prefix_grouper off for "
+                         "this model"), last_line
+
+
+def test_hybrid_model_refused_by_the_hf_rollout(tmp_path):
+    model_dir = tmp_path / "qwen3_next"
+    _hybrid_config("qwen3_next").save_pretrained(model_dir)
+    last_line = _refusal(tmp_path, model_dir, "actor_rollout_ref.actor.use_prefix_grouper=false")
+    assert "rollout.name=hf: the HF rollout engine does not implement linear-attention layers" in last_line
+    assert last_line.endswith("use actor_rollout_ref.rollout.name=vllm for this model")
+
+
+def _hybrid_config(model_type: str):
+    from model_families import tiny_config
+
+    return tiny_config(model_type)

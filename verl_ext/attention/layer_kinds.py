@@ -93,11 +93,12 @@ def config_layer_kinds(config) -> list[tuple[str, str]]:
         kinds = [("sliding_attention" if window else "full_attention", f"{model_type}, every layer")]
     if _is_mla(text):
         kinds = [("mla" if k == "full_attention" else k, w) for k, w in kinds]
-    keys = sorted(text.to_dict())
-    for pattern, kind in _HIDDEN_KEYS:
-        key = next((k for k in keys if pattern.search(k)), None)
-        if key is not None and kind not in {k for k, _ in kinds}:
-            kinds.append((kind, f"{model_type}: config key {key}"))
+    if not getattr(text, "layer_types", None):  # where a config lists its layers, the list is what it builds
+        keys = sorted(text.to_dict())
+        for pattern, kind in _HIDDEN_KEYS:
+            key = next((k for k in keys if pattern.search(k)), None)
+            if key is not None:
+                kinds.append((kind, f"{model_type}: config key {key}"))
     if getattr(text, "attention_chunk_size", None):
         kinds.append(("chunked_attention", f"{model_type}: attention_chunk_size={text.attention_chunk_size}"))
     for tower in ("vision_config", "audio_config", "vision_tower"):

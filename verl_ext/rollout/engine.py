@@ -16,6 +16,7 @@ from typing import Callable, Optional
 import torch
 from transformers import DynamicCache
 
+from verl_ext.attention.layer_kinds import ATTENTION_KINDS, check_model
 from verl_ext.rollout import packed_step
 from verl_ext.rollout.batch_state import DecodeBatch, concat_batches
 from verl_ext.rollout.requests import GenerationRequest, GenerationResult
@@ -66,6 +67,9 @@ class HFGenerationEngine:
         seed: int = 0,
         speculator: Optional[Speculator] = None,
     ):
+        # the engine holds a KV cache per row and no recurrent or convolution state: attention layers only
+        check_model(model, ATTENTION_KINDS, "actor_rollout_ref.rollout.name=hf: the HF rollout engine",
+                    "use actor_rollout_ref.rollout.name=vllm for this model")
         self.model = model
         # verification steps pack their rows (packed_step.py) where the model's attention function is a
         # registered one; eager attention pads every row to the longest draft
