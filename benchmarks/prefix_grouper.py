@@ -2,6 +2,7 @@
 
     python benchmarks/prefix_grouper.py [--quick] [--repeats 3] [--threads N]
     python benchmarks/prefix_grouper.py --long [--rows 0,3] [--repeats 1]   (prefix_grouper_long.py)
+    python benchmarks/prefix_grouper.py --window 1024 [--quick]   (sliding-window rows, below)
 
 On a machine shared with other jobs, --threads 1: intra-op thread pools stall whenever another process
 takes a core, which swamps the differences measured here.
@@ -14,6 +15,10 @@ forward, the log-probs of the response tokens, their sum, and backward:
     grouped        verl_ext.attention: one stream [prompt, r_1, ..., r_G], the prompt once
     prefix-grouper the PyPI package (0.0.1.post1) on the same stream, with an SDPA adapter of ours
                    (it ships only a flash-attn path); it repeats the prompt's K/V for every response
+
+--window W: the same model with a sliding window of W tokens on every layer but the last (Gemma 3's and
+Mistral's layouts: a window shorter than the prompt), at prompts of 4096 tokens; prefix-grouper has no window
+and is left out there (n/a).
 
 Columns: median wall time over --repeats runs after one warm-up; the speed-up over standard; the theoretical
 speed-up, standard FLOPs / grouped FLOPs of this model (matmuls, attention scores and mixing, lm_head;
@@ -41,12 +46,15 @@ from verl_ext.attention import grouped_logits, prepare_grouped_batch, response_p
 
 FULL_ROWS = [(lp, g, lr) for lp in (512, 2048, 4096) for g in (4, 8, 16) for lr in (128, 512)]
 QUICK_ROWS = [(512, 8, 128), (2048, 8, 128), (2048, 16, 512)]
+WINDOW_ROWS = [(4096, g, lr) for g in (4, 8, 16) for lr in (128, 512)]
+QUICK_WINDOW_ROWS = [(4096, 8, 128), (4096, 16, 512)]
 PG_ATTENTION = "verl_ext_bench_sdpa_for_prefix_grouper"
 SHAPE_FALLBACK = dict(hidden_size=128, num_hidden_layers=2, intermediate_size=384, num_attention_heads=4, num_key_value_heads=2)
 
 
-def model_config(max_len: int) -> Qwen2Config:
-    """The embedded demo's full-build shape (hard-coded fallback: demo profile "full" as of BUILD_VERSION 1)."""
+def model_config(max_len: int, window: int | None = None) -> Qwen2Config:
+    """The embedded demo's full-build shape (hard-coded fallback: demo profile "full" as of BUILD_VERSION 1); with a
+    window, every layer but the last a sliding-window one."""
     try:
         from verl_ext.demo.build import PROFILES
 
@@ -54,6 +62,10 @@ def model_config(max_len: int) -> Qwen2Config:
         dims = {key: getattr(shape, key) for key in SHAPE_FALLBACK}
     except ImportError:
         vocab, dims = 768, SHAPE_FALLBACK
+    if window is not None:
+        layers = dims["num_hidden_layers"]
+        dims |= dict(use_sliding_window=True, sliding_window=window, max_window_layers=0,
+                     layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"])
     return Qwen2Config(vocab_size=vocab, max_position_embeddings=max_len, tie_word_embeddings=True, **dims)
 
 
@@ -150,7 +162,8 @@ METHODS = {"standard": standard, "grouped": grouped, "prefix-grouper": prefix_gr
 
 
 def flops(config: Qwen2Config, lp: int, g: int, lr: int, shared: bool) -> float:
-    """Forward+backward FLOPs: 6 per matmul weight and token, 3 x 4 * head_dim * heads per attended pair."""
+    """Forward+backward FLOPs: 6 per matmul weight and token, 3 x 4 * head_dim * heads per attended pair (every
+    causal pair: the kernels compute a window's band inside whole blocks)."""
     h, kv = config.hidden_size, config.num_key_value_heads * (config.hidden_size // config.num_attention_heads)
     per_layer = 2 * h * h + 2 * h * kv + 3 * h * config.intermediate_size  # q, o; k, v; gate, up, down
     per_token = config.num_hidden_layers * per_layer + h * config.vocab_size
@@ -194,13 +207,13 @@ def check_equal(runs: dict, reference: str = "standard") -> dict[str, float]:
         return {name: ((run() - ref).abs().max() / ref.abs().max()).item() for name, run in runs.items()}
 
 
-def bench_row(lp: int, g: int, lr: int, repeats: int) -> dict:
-    config = model_config(lp + lr)
+def bench_row(lp: int, g: int, lr: int, repeats: int, window: int | None = None) -> dict:
+    config = model_config(lp + lr, window)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).float()
     model.set_attn_implementation("sdpa")
     case = make_case(lp, g, lr, config.vocab_size)
-    runs = {name: make(model, case) for name, make in METHODS.items()}
+    runs = {name: make(model, case) for name, make in METHODS.items() if not (window and name == "prefix-grouper")}
     errors = check_equal(runs)
     row = {"Lp": lp, "G": g, "Lr": lr, "theory": flops(config, lp, g, lr, False) / flops(config, lp, g, lr, True)}
     for name, run in runs.items():
@@ -219,7 +232,8 @@ HEADER = (
 
 
 def format_row(r: dict) -> str:
-    std, grp, pg = r["standard"], r["grouped"], r["prefix-grouper"]
+    na = dict(seconds=float("nan"), memory=float("nan"), error=float("nan"))
+    std, grp, pg = r["standard"], r["grouped"], r.get("prefix-grouper", na)
     speedup = std["seconds"] / grp["seconds"]
     return (
         f"{r['Lp']:>5} {r['G']:>3} {r['Lr']:>4} | {std['seconds']:>7.3f} {grp['seconds']:>7.3f} {pg['seconds']:>7.3f} | "
@@ -236,6 +250,7 @@ def main() -> None:
     parser.add_argument("--long-memory", default=None, help=argparse.SUPPRESS)  # ROW,METHOD: --long's child process
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per method and row after a warm-up (3; --long: 1)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--window", type=int, default=None, help=f"sliding-window rows: {WINDOW_ROWS}")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -252,16 +267,21 @@ def main() -> None:
         run_long(rows, args.repeats or 1, flops)
         return
     args.repeats = args.repeats or 3
-    config = model_config(0)
-    print(f"Qwen2 hidden {config.hidden_size}, {config.num_hidden_layers} layers, {config.num_attention_heads} heads "
+    config = model_config(0, args.window)
+    window = f", sliding window {args.window} on {config.num_hidden_layers - 1} layers" if args.window else ""
+    print(f"Qwen2{window}, hidden {config.hidden_size}, {config.num_hidden_layers} layers, {config.num_attention_heads} heads "
           f"({config.num_key_value_heads} kv), vocab {config.vocab_size}; fp32, {torch.get_num_threads()} threads; "
           f"median of {args.repeats}")  # fmt: skip
     print("speedup = standard s / grouped s; theory = standard FLOPs / grouped FLOPs; ratio = speedup / theory;")
     print("pg spd = standard s / prefix-grouper s; MB = peak RSS above start of one fwd+bwd;")
     print("err = max relative difference of the log-probs from standard's")
     print(HEADER)
-    for lp, g, lr in QUICK_ROWS if args.quick else FULL_ROWS:
-        print(format_row(bench_row(lp, g, lr, args.repeats)), flush=True)
+    if args.window:
+        rows = QUICK_WINDOW_ROWS if args.quick else WINDOW_ROWS
+    else:
+        rows = QUICK_ROWS if args.quick else FULL_ROWS
+    for lp, g, lr in rows:
+        print(format_row(bench_row(lp, g, lr, args.repeats, args.window)), flush=True)
 
 
 if __name__ == "__main__":

@@ -132,7 +132,7 @@ def _result(model, log_probs, entropy) -> Result:
     g = torch.Generator().manual_seed(1234)
     w_lp, w_ent = (torch.randn(len(lp), generator=g).to(lp.device, lp.dtype) for _ in range(2))
     loss = (w_lp * lp).sum() + 0.1 * (w_ent * ent).sum()
-    named = list(model.named_parameters())
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # some families freeze a few
     grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
     grads = {n: torch.zeros_like(p) if gr is None else gr for (n, p), gr in zip(named, grads)}
     return Result(lp.detach(), ent.detach(), grads)

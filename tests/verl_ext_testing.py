@@ -43,6 +43,20 @@ def learning_command(demo_data_dir: Path, out: Path, steps: int, *extra: str) ->
     )  # fmt: skip
 
 
+DEMO_LR = 2e-4  # demo_cpu's actor.optim.lr
+
+
+def assert_same_update(w_on: dict, w_off: dict) -> None:
+    """The weights after one step with the prefix grouper on and off agree to fp32 rounding of AdamW's first step
+    (tests/integration/test_prefix_grouper_step.py: why 0.1% of a tensor may differ by up to half a step)."""
+    assert set(w_on) == set(w_off)
+    for name in w_off:
+        diff = (w_on[name] - w_off[name]).abs()
+        beyond = int((diff > 0.01 * DEMO_LR).sum())
+        assert beyond <= 1e-3 * diff.numel() and diff.max() <= 0.5 * DEMO_LR, \
+            f"{name}: {beyond} of {diff.numel()} weights differ by more than 1% of a step, at most {diff.max():.3g}"
+
+
 def step_metrics(out: Path) -> dict[int, dict]:
     lines = (out / "report" / "metrics.jsonl").read_text().splitlines()
     return {record["step"]: record["data"] for record in map(json.loads, lines)}

@@ -35,6 +35,8 @@ def check_model_layers(config: DictConfig, settings: Settings, path: str) -> Non
     model_config = _model_config(config, path)
     if model_config is None:
         return
+    if settings.prefix_grouper.enabled:
+        _check_attention_dropout(model_config)
     try:
         for consumer, fix in consumers:
             check_config(model_config, ATTENTION_KINDS, consumer, fix)
@@ -44,6 +46,16 @@ def check_model_layers(config: DictConfig, settings: Settings, path: str) -> Non
                 check_model(model, ATTENTION_KINDS, consumer, fix)
     except UnsupportedLayer as error:
         raise ConfigError(str(error)) from None
+
+
+def _check_attention_dropout(model_config) -> None:
+    """The grouped kernels draw no dropout mask; verl trains in train mode, where the standard forward would."""
+    text = model_config.get_text_config()
+    rate = getattr(text, "attention_dropout", 0.0) or 0.0
+    if rate > 0:
+        raise ConfigError(f"{_GROUPED[0]} does not implement attention dropout (the model's attention_dropout={rate}); "
+                          f"set +{_MODEL}.override_config.attention_dropout=0.0 or turn "
+                          "actor_rollout_ref.actor.use_prefix_grouper off.")
 
 
 def _trust_remote_code(config: DictConfig) -> bool:

@@ -244,7 +244,7 @@ def test_negative_controls_fail_the_comparison(layout, dtype):
 def test_missing_layout_raises_instead_of_computing_other_attention():
     model = tiny_model("llama", torch.float32)
     ids = torch.tensor([[1, 2, 3]])
-    with grouped_attention_mode(model), pytest.raises(ValueError, match=META_KWARG):
+    with grouped_attention_mode(model), pytest.raises(NotImplementedError, match=META_KWARG):
         model(input_ids=ids)
 
 
@@ -264,5 +264,5 @@ def test_attention_mask_is_rejected_in_grouped_mode():
     model = tiny_model("qwen2", torch.float32)
     batch = prepare_grouped_batch([[1, 2]], [[3]], ["u"])
     mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
-    with grouped_attention_mode(model), pytest.raises(ValueError, match="attention_mask"):
+    with grouped_attention_mode(model), pytest.raises(NotImplementedError, match="attention_mask"):
         model(input_ids=batch.input_ids, attention_mask=mask, **{META_KWARG: batch.attention})

@@ -29,7 +29,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from verl_ext.attention.grouped_flash import flash_unusable_reason, grouped_flash_attention
 from verl_ext.attention.grouped_flex import flex_unusable_reason, grouped_flex_attention
 from verl_ext.attention.grouped_sdpa import grouped_sdpa_attention
-from verl_ext.attention.layer_kinds import ATTENTION_KINDS, check_model
+from verl_ext.attention.layer_kinds import ATTENTION_KINDS, UnsupportedLayer, check_model, expected_window
 from verl_ext.attention.layout import GroupedAttentionMeta
 from verl_ext.attention.options import AttentionOptions, read_options
 from verl_ext.settings import GROUPED_ATTENTION_ENV, GroupedAttention
@@ -123,17 +123,23 @@ def grouped_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: ([B, S, H, D], None)."""
     meta = kwargs.get(META_KWARG)
+    where = f"{type(module).__name__} of {getattr(getattr(module, 'config', None), 'model_type', 'the model')}"
     if not isinstance(meta, GroupedAttentionMeta):
-        raise ValueError(
-            f"attn_implementation={ATTN_IMPLEMENTATION!r} needs the grouped layout: call the model with "
-            f"{META_KWARG}=<GroupedAttentionMeta> (see verl_ext.attention.forward), got {type(meta).__name__}"
-        )
+        raise UnsupportedLayer(
+            f"attn_implementation={ATTN_IMPLEMENTATION!r}: {where} was called without {META_KWARG} (its model does not "
+            "pass attention arguments through to its layers, or it was called outside verl_ext.attention.forward); "
+            f"{REFUSAL_FIX}")
     if attention_mask is not None:
-        raise ValueError("grouped attention takes its mask from the layout metadata; got an attention_mask")
+        raise UnsupportedLayer(f"grouped attention takes its mask from the layout metadata; {where} passes an "
+                               f"attention_mask of its own; {REFUSAL_FIX}")
     if dropout:
-        raise NotImplementedError("grouped attention does not implement attention dropout; set the model's "
-                                  "attention_dropout to 0 or turn actor.use_prefix_grouper off")
+        raise UnsupportedLayer(f"grouped attention does not implement attention dropout ({where}); set the model's "
+                               f"attention_dropout to 0 or {REFUSAL_FIX}")
     options = read_options(module, kwargs, known=frozenset({META_KWARG}))
+    expected = expected_window(getattr(module, "config", None), getattr(module, "layer_idx", None))
+    if expected is not None and options.window != expected:
+        raise UnsupportedLayer(f"{where} keeps its sliding window ({expected}) in the attention mask, which the grouped "
+                               f"forward does not read (it was passed sliding_window={options.window}); {REFUSAL_FIX}")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if meta.records_prefix is not None:
         meta.records_prefix.record(_layer_index(module), key, value)

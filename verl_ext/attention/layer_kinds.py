@@ -113,6 +113,21 @@ _HIDDEN_KEYS = ((re.compile(r"mamba|ssm"), "state_space"),
                 (re.compile(r"conv_L_cache|conv_kernel|^d_conv"), "convolution"))
 
 
+def expected_window(config, layer_idx: int | None) -> int | None:
+    """The window transformers' masks give layer `layer_idx` (masking_utils): its config's sliding_window where
+    layer_types calls the layer sliding, or on every layer of a config with a window and no layer_types."""
+    if config is None or layer_idx is None:
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    window = getattr(text, "sliding_window", None)
+    layer_types = getattr(text, "layer_types", None)
+    if not window or (layer_types and layer_types[layer_idx] != "sliding_attention"):
+        return None
+    if not layer_types and getattr(text, "use_sliding_window", True) is False:
+        return None
+    return window
+
+
 def _is_mla(config) -> bool:
     v, nope, rope = (getattr(config, k, None) for k in ("v_head_dim", "qk_nope_head_dim", "qk_rope_head_dim"))
     return v is not None and nope is not None and rope is not None and v != nope + rope

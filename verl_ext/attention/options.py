@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from verl_ext.attention.layer_kinds import UnsupportedLayer
+
 # Keywords that change nothing the grouped kernels compute: bookkeeping of the call, or read elsewhere (the
 # positions come from the grouped layout; a cache is refused by the layout's `use_cache=False`).
 _NEUTRAL = frozenset({"position_ids", "use_cache", "cache_position", "output_attentions", "return_dict",
@@ -40,11 +42,12 @@ def read_options(module: torch.nn.Module, kwargs: dict, known: frozenset[str]) -
     """The options of one call; `known`: the caller's own keywords (taken, not options)."""
     unknown = sorted(set(kwargs) - known - _NEUTRAL - {"sliding_window", "softcap", "s_aux", "is_causal"})
     if unknown:
-        raise NotImplementedError(
+        raise UnsupportedLayer(
             f"grouped attention does not implement the attention argument(s) {unknown} of {type(module).__name__}; "
             "turn actor.use_prefix_grouper off for this model")
     if kwargs.get("is_causal") is False:
-        raise NotImplementedError(f"grouped attention is causal; {type(module).__name__} asked for is_causal=False")
+        raise UnsupportedLayer(f"grouped attention is causal; {type(module).__name__} asked for is_causal=False; turn "
+                               "actor.use_prefix_grouper off for this model")
     window = kwargs.get("sliding_window")
     softcap = kwargs.get("softcap")
     sinks = kwargs.get("s_aux")

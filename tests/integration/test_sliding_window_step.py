@@ -1,0 +1,64 @@
+"""One real GRPO step through `python -m verl_ext.main` on a sliding-window model, actor.use_prefix_grouper on and
+off: the same pg_loss, grad_norm and updated weights (the comparison of test_prefix_grouper_step.py).
+
+The model is the embedded default's (a Qwen2) with a window of 256 tokens on its first and last layers, shorter than
+every prompt (313-336 tokens: a response token does not read the prompt's first 60-80 keys there, counted in its own
+sample's positions), and full attention in between. A window much shorter breaks the warm-started policy: every
+reward 0, so no advantage and a vacuous pg_loss (a window of 8 gave that). Micro-batches of 4 samples split every group of 8, so with the flag on each prompt is
+encoded once and read by two micro-batches: the window also holds across micro-batches.
+"""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+from verl_ext_testing import REPO, assert_same_update, learning_command, step_metrics
+
+WINDOW = 256
+TIMEOUT_S = 900
+
+
+def _sliding_window_model(demo_data_dir: Path, target: Path) -> Path:
+    from verl_ext.demo.build import ensure_demo_assets
+
+    shutil.copytree(ensure_demo_assets(demo_data_dir).model_path, target)
+    config = json.loads((target / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    config |= {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 0,
+               "layer_types": ["sliding_attention" if i in (0, layers - 1) else "full_attention" for i in range(layers)]}
+    (target / "config.json").write_text(json.dumps(config, indent=2))
+    return target
+
+
+@pytest.fixture(scope="module")
+def sliding_window_runs(demo_data_dir, tmp_path_factory) -> dict[bool, Path]:
+    model = _sliding_window_model(demo_data_dir, tmp_path_factory.mktemp("sliding") / "model")
+    runs, started = {}, {}
+    try:
+        for flag in (True, False):
+            out = runs[flag] = tmp_path_factory.mktemp(f"sliding_{flag}")
+            command = learning_command(demo_data_dir, out, 1, f"actor_rollout_ref.model.path={model}",
+                                       f"actor_rollout_ref.actor.use_prefix_grouper={str(flag).lower()}")
+            with (out / "log.txt").open("w") as log:
+                started[flag] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        for flag, process in started.items():
+            assert process.wait(timeout=TIMEOUT_S) == 0, (runs[flag] / "log.txt").read_text()[-6000:]
+    finally:
+        for process in started.values():
+            process.kill()
+    return runs
+
+
+def test_sliding_window_grpo_step_equal_with_and_without_prefix_grouper(sliding_window_runs):
+    on, off = (step_metrics(sliding_window_runs[flag])[1] for flag in (True, False))
+    assert on["response_length/mean"] == off["response_length/mean"]  # the same rollouts
+    assert off["actor/grad_norm"] > 0 and off["actor/pg_loss"] != 0
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss"):
+        assert on[key] == pytest.approx(off[key], rel=1e-5, abs=1e-7), key
+    assert on["actor/prefix_grouper/shared_groups"] == 8  # every group's prompt read by two micro-batches
+    w_on, w_off = (load_file(sliding_window_runs[flag] / "ckpt" / "global_step_1" / "actor" / "huggingface"
+                             / "model.safetensors") for flag in (True, False))
+    assert_same_update(w_on, w_off)
