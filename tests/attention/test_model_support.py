@@ -56,6 +56,10 @@ def test_representative_matches_the_page(page, model_type):
 def test_kernel_ignoring_the_window_fails_the_comparison(monkeypatch):
     model = build("mistral")
     assert compare(model) == []
-    read = interface.read_options
-    monkeypatch.setattr(interface, "read_options", lambda *a, **k: dataclasses.replace(read(*a, **k), window=None))
+    kernel = interface.grouped_sdpa_attention
+
+    def windowless(*args, options):
+        return kernel(*args, options=dataclasses.replace(options, window=None))
+
+    monkeypatch.setattr(interface, "grouped_sdpa_attention", lambda *args: windowless(*args[:-1], options=args[-1]))
     assert compare(model) != []
