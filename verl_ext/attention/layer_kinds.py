@@ -54,7 +54,8 @@ _TORCH_ACTIVATIONS = "torch.nn.modules.activation"
 _POSITIONWISE_NAMES = re.compile(
     r"(ForCausalLM|Model|DecoderLayer|Layer|Block|MLP|Mlp|FeedForward|FFN|MoE|Moe|MoeBlock|Experts|Expert|Router|"
     r"Gate|Norm|RMSNorm|LayerNorm|Embedding|Embeddings|RotaryEmbedding|Activation|CheckpointWrapper|Linear|"
-    r"SiLU|GELU|ReLU|Tanh|Sigmoid|Softplus)$")
+    r"SiLU|GELU|ReLU|Tanh|Sigmoid|Softplus|"
+    r"FullyShardedDataParallel)$")  # FSDP1's wrapper runs the module it wraps
 
 
 class UnsupportedLayer(NotImplementedError):
