@@ -122,6 +122,8 @@ def expected_window(config, layer_idx: int | None) -> int | None:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     window = getattr(text, "sliding_window", None)
     layer_types = getattr(text, "layer_types", None)
+    if layer_types and layer_idx >= len(layer_types):  # a layer the list does not cover (an MTP head): no claim
+        return None
     if not window or (layer_types and layer_types[layer_idx] != "sliding_attention"):
         return None
     if not layer_types and getattr(text, "use_sliding_window", True) is False:
