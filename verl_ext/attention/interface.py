@@ -123,7 +123,7 @@ def grouped_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: ([B, S, H, D], None)."""
     meta = kwargs.get(META_KWARG)
-    where = f"{type(module).__name__} of {getattr(getattr(module, 'config', None), 'model_type', 'the model')}"
+    where = _Where(module)  # formatted only into a refusal: this runs on every layer of every forward
     if not isinstance(meta, GroupedAttentionMeta):
         raise UnsupportedLayer(
             f"attn_implementation={ATTN_IMPLEMENTATION!r}: {where} was called without {META_KWARG} (its model does not "
@@ -145,6 +145,17 @@ def grouped_attention_forward(
         meta.records_prefix.record(_layer_index(module), key, value)
     shared_kv = None if meta.reads_prefix is None else meta.reads_prefix.layer(_layer_index(module))
     return grouped_attention(query, key, value, meta, scale, shared_kv=shared_kv, options=options), None
+
+
+class _Where:
+    """'<attention class> of <model type>', for a refusal's message."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+
+    def __str__(self) -> str:
+        model_type = getattr(getattr(self.module, "config", None), "model_type", "the model")
+        return f"{type(self.module).__name__} of {model_type}"
 
 
 def _layer_index(module: torch.nn.Module) -> int:
