@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from verl_ext.attention import build_grouped_batch, find_groups, grouped_attention_mode, grouped_logits, response_predictions
+from verl_ext.attention import build_grouped_batch, find_groups, grouped_attention_mode, response_predictions
+from verl_ext.attention.forward import run_grouped
 from verl_ext.attention.shared_prefix import backward_prefix, encode_prefix
 from verl_ext.grouping import plan_micro_batches, token_budget
 
@@ -59,12 +60,15 @@ def _log_probs(rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(rows.float(), -1).gather(-1, targets[:, None]).squeeze(-1)
 
 
-def _grouped_part(model, prompt, responses, reads_prefix=None) -> torch.Tensor:
-    """Forward + backward of one grouped micro-batch; its response log-probs, detached."""
+def _grouped_part(model, prompt, responses, prefix=None) -> torch.Tensor:
+    """Forward + backward of one grouped micro-batch (reading `prefix`, a SharedPrefix, when its prompt ran apart);
+    its response log-probs, detached."""
     n = len(responses)
     plan = find_groups([prompt] * n, responses, ["u"] * n)
-    batch = build_grouped_batch(plan, [prompt] * n, responses, reads_prefix=reads_prefix)
-    log_probs = _log_probs(response_predictions(grouped_logits(model, batch), batch), torch.cat(responses))
+    batch = build_grouped_batch(plan, [prompt] * n, responses, prefix_apart=prefix is not None)
+    out = run_grouped(model, batch, prefix=None if prefix is None else prefix.states)
+    rows = response_predictions(out.logits, batch, None if prefix is None else prefix.last_logits)
+    log_probs = _log_probs(rows, torch.cat(responses))
     log_probs.sum().backward()
     return log_probs.detach()
 

@@ -46,7 +46,7 @@ def check_gpu_stack() -> None:
     from verl_ext.vllm.proposer import NgramRLProposer  # what vLLM loads in its workers for ngram_rl
 
     from torch.nn.attention.flex_attention import flex_attention  # noqa: F401  (grouped_attention=flex, auto)
-    from verl_ext.attention import grouped_flex  # noqa: F401
+    from verl_ext.attention.kernels import flex  # noqa: F401
     from verl_ext.workers.grouped_engine import register_grouped_engines
 
     register_grouped_engines()

@@ -23,6 +23,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedModel, Qwe
 from verl_ext.attention import (build_grouped_batch, find_groups, grouped_attention_mode, grouped_logits,
                                 prepare_grouped_batch, response_predictions, ungroup)
 from verl_ext.attention.groups import GroupPlan, PrefixGroup, TokenSeq, as_token_list
+from verl_ext.attention.forward import run_grouped
+from verl_ext.attention.kernels import GroupedKernels
 from verl_ext.attention.layout import Layout
 from verl_ext.attention.shared_prefix import SharedPrefix, backward_prefix, encode_prefix
 
@@ -103,6 +105,7 @@ def grouped_response_log_probs(
     responses: Sequence[TokenSeq],  # n x [Lr_i]
     uids: Sequence[Hashable],  # [n]
     layout: Layout = "packed",
+    kernels: GroupedKernels | None = None,  # None: "auto"
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """(log-probs n x [Lr_i], entropy n x [Lr_i]) via the grouped forward.
 
@@ -110,7 +113,7 @@ def grouped_response_log_probs(
     so the prompt's logits are never copied per member.
     """
     batch = prepare_grouped_batch(prompts, responses, uids, layout, _device(model))
-    rows = response_predictions(grouped_logits(model, batch), batch)
+    rows = response_predictions(grouped_logits(model, batch, kernels), batch)
     targets = torch.cat(_token_tensors(responses, rows.device))
     log_p, entropy = token_log_probs_and_entropy(rows, targets)
     return list(log_p.split(batch.response_lens)), list(entropy.split(batch.response_lens))
@@ -250,7 +253,8 @@ def _loss_weights(case, dtype, device="cpu"):
     return w_lp.split(lens), w_ent.split(lens)
 
 
-def shared_prefix_result(model, case, n_parts: int, layout: str = "packed", drop_prefix_kv_grad: bool = False) -> Result:
+def shared_prefix_result(model, case, n_parts: int, layout: str = "packed", drop_prefix_kv_grad: bool = False,
+                         kernels: GroupedKernels | None = None) -> Result:
     """Every group's members in `n_parts` parts (fewer for a small group) that read its prompt run once."""
     dtype, device = next(model.parameters()).dtype, _device(model)
     w_lp, w_ent = _loss_weights(case, dtype, device)
@@ -259,9 +263,9 @@ def shared_prefix_result(model, case, n_parts: int, layout: str = "packed", drop
     with grouped_attention_mode(model):
         for group in find_groups(case.prompts, case.responses, case.uids).groups:
             prompt = _token_tensors([case.prompts[group.members[0]]], device)[0]
-            prefix = encode_prefix(model, prompt, trainable=True)
+            prefix = encode_prefix(model, prompt, trainable=True, kernels=kernels)
             for part in _cut(group.members, n_parts):
-                lp, ent = _part_outputs(model, case, part, group.prompt_len, prefix, layout)
+                lp, ent = _part_outputs(model, case, part, group.prompt_len, prefix, layout, kernels)
                 loss = sum((w_lp[m] * a).sum() + 0.1 * (w_ent[m] * b).sum() for m, a, b in zip(part, lp, ent))
                 loss.backward()
                 for m, a, b in zip(part, lp, ent):
@@ -269,17 +273,18 @@ def shared_prefix_result(model, case, n_parts: int, layout: str = "packed", drop
             if drop_prefix_kv_grad:
                 for leaf in prefix.leaves()[:-1]:
                     leaf.grad = None
-            backward_prefix(model, prefix)
+            backward_prefix(model, prefix, kernels)
     grads = {n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     return Result(torch.cat(log_probs), torch.cat(entropy), grads)
 
 
-def _part_outputs(model, case, part, prompt_len, prefix: SharedPrefix, layout):
+def _part_outputs(model, case, part, prompt_len, prefix: SharedPrefix, layout, kernels):
     plan = GroupPlan((PrefixGroup(tuple(range(len(part))), prompt_len, tuple(len(case.responses[m]) for m in part)),), len(part))
     responses = [case.responses[m] for m in part]
+    prefix.check_reader(case.prompts[part[0]])
     batch = build_grouped_batch(plan, [case.prompts[m] for m in part], responses, layout,
-                                reads_prefix=prefix).to(_device(model))
-    rows = response_predictions(grouped_logits(model, batch), batch)
+                                prefix_apart=True).to(_device(model))
+    rows = response_predictions(run_grouped(model, batch, kernels, prefix.states).logits, batch, prefix.last_logits)
     lp, ent = token_log_probs_and_entropy(rows, torch.cat(_token_tensors(responses, rows.device)))
     return lp.split(batch.response_lens), ent.split(batch.response_lens)

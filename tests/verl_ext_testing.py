@@ -46,10 +46,12 @@ def learning_command(demo_data_dir: Path, out: Path, steps: int, *extra: str) ->
 DEMO_LR = 2e-4  # demo_cpu's actor.optim.lr
 
 
-def assert_same_update(w_on: dict, w_off: dict) -> None:
+def assert_same_update(w_on: dict, w_off: dict, start: dict) -> None:
     """The weights after one step with the prefix grouper on and off agree to fp32 rounding of AdamW's first step
-    (tests/integration/test_prefix_grouper_step.py: why 0.1% of a tensor may differ by up to half a step)."""
-    assert set(w_on) == set(w_off)
+    (tests/integration/test_prefix_grouper_step.py: why 0.1% of a tensor may differ by up to half a step), and the
+    step moved them away from `start` (else the comparison is vacuous)."""
+    assert set(w_on) == set(w_off) == set(start)
+    assert max((w_off[k] - start[k]).abs().max().item() for k in w_off) > DEMO_LR / 2  # the update happened
     for name in w_off:
         diff = (w_on[name] - w_off[name]).abs()
         beyond = int((diff > 0.01 * DEMO_LR).sum())

@@ -45,6 +45,18 @@ class ConfigError(ValueError):
     """A bad setting; the message is one line that names the key and the fix."""
 
 
+def grouped_attention_backend() -> GroupedAttention:
+    """The backend verl_ext.grouped_attention chose for this process ("auto" when unset): ray_setup exports it to the
+    workers as GROUPED_ATTENTION_ENV. Read once, by whoever builds the kernels (workers/grouped_engine.py)."""
+    import os
+
+    backend = os.environ.get(GROUPED_ATTENTION_ENV, "auto")
+    if backend not in get_args(GroupedAttention):
+        raise ConfigError(f"{GROUPED_ATTENTION_ENV}={backend!r} is not a grouped attention backend; "
+                          f"use one of {list(get_args(GroupedAttention))}")
+    return backend
+
+
 def _key(*keys: str, **kwargs):
     """A field read from ``keys`` (dotted, relative to its section's PREFIX)."""
     return field(metadata={"keys": keys}, **kwargs)

@@ -34,6 +34,8 @@ from hypothesis import strategies as st
 from verl_ext.attention import (
     ATTN_IMPLEMENTATION,
     META_KWARG,
+    GroupedAttentionCall,
+    GroupedKernels,
     build_grouped_batch,
     find_groups,
     grouped_attention_mode,
@@ -42,7 +44,7 @@ from verl_ext.attention import (
     response_predictions,
     ungroup,
 )
-from verl_ext.attention.grouped_sdpa import grouped_sdpa_attention
+from verl_ext.attention.kernels.sdpa import grouped_sdpa_attention
 
 
 def grouped_result(model, case: Case, layout: str) -> Result:
@@ -265,4 +267,5 @@ def test_attention_mask_is_rejected_in_grouped_mode():
     batch = prepare_grouped_batch([[1, 2]], [[3]], ["u"])
     mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
     with grouped_attention_mode(model), pytest.raises(NotImplementedError, match="attention_mask"):
-        model(input_ids=batch.input_ids, attention_mask=mask, **{META_KWARG: batch.attention})
+        model(input_ids=batch.input_ids, attention_mask=mask,
+              **{META_KWARG: GroupedAttentionCall(batch.attention, GroupedKernels())})

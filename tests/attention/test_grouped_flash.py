@@ -16,9 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from verl_ext.attention import grouped_attention, grouped_flash, prepare_grouped_batch
-from verl_ext.attention.grouped_flash import flash_unusable_reason, grouped_flash_attention
-from verl_ext.attention.grouped_sdpa import grouped_sdpa_attention
+from verl_ext.attention import GroupedKernels, prepare_grouped_batch
+from verl_ext.attention.kernels import flash as grouped_flash
+from verl_ext.attention.kernels.flash import flash_unusable_reason, grouped_flash_attention
+from verl_ext.attention.kernels.sdpa import grouped_sdpa_attention
 
 CASES = {
     "two groups": ([[1, 2, 3]] * 3 + [[7, 8]] * 2, [[4, 5], [], [6, 6, 6, 6], [9], [1, 2, 3]], list("aaabb")),
@@ -115,10 +116,10 @@ def test_backend_choice_on_cpu():
     batch = prepare_grouped_batch(*CASES["group of one"])
     q, k, v = _qkv(*batch.input_ids.shape, torch.float32, "cpu")
     assert flash_unusable_reason(q) == "tensors are on cpu, not cuda"
-    out = grouped_attention(q, k, v, batch.attention, 0.3)
+    out = GroupedKernels("auto")(q, k, v, batch.attention, 0.3)
     assert torch.equal(out, grouped_sdpa_attention(q, k, v, batch.attention, 0.3))
     with pytest.raises(RuntimeError, match="not cuda"):
-        grouped_attention(q, k, v, batch.attention, 0.3, backend="flash")
+        GroupedKernels("flash")(q, k, v, batch.attention, 0.3)
 
 
 # ---------------------------------------------------------------- CUDA: the real kernels

@@ -1,12 +1,13 @@
-"""grouped_sdpa on both of its kernels, torch's CPU flash kernel (used on CPU) and the matmul one (used on other
+"""kernels.sdpa on both of its kernels, torch's CPU flash kernel (used on CPU) and the matmul one (used on other
 devices, and wherever scores are soft-capped), and FlexAttention's forward, against dense masked attention in fp64:
 every layer option (sliding window, soft-capping, sinks) and value heads of another size (MLA), with gradients."""
 
 import pytest
 import torch
 
-from verl_ext.attention import grouped_sdpa, prepare_grouped_batch
-from verl_ext.attention.grouped_flex import grouped_flex_attention
+from verl_ext.attention import prepare_grouped_batch
+from verl_ext.attention.kernels import sdpa as grouped_sdpa
+from verl_ext.attention.kernels.flex import FlexAttentionKernel
 from verl_ext.attention.options import AttentionOptions
 
 # prompts of different lengths (padded layout: masked prefix keys), an empty response, a group of one
@@ -88,7 +89,7 @@ def test_flex_forward_matches_dense_attention(option, value_dim):
     q, k, v, opts = _inputs(batch, value_dim, OPTIONS[option], grad=False)
     q, k, v = (x.float() for x in (q, k, v))
     opts = AttentionOptions(opts.window, opts.softcap, None if opts.sinks is None else opts.sinks.float())
-    got = grouped_flex_attention(q, k, v, batch.attention, 0.35, options=opts)
+    got = FlexAttentionKernel()(q, k, v, batch.attention, 0.35, options=opts)
     ref = dense_reference(q.double(), k.double(), v.double(), batch, 0.35, opts)
     assert (got.double() - ref).abs().max() <= 1e-5
 

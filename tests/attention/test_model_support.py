@@ -11,7 +11,7 @@ import pytest
 from family_check import build, compare, family_verdict
 from model_families import CAUSAL_LM_TYPES
 
-from verl_ext.attention import interface
+from verl_ext.attention import kernels
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -56,10 +56,10 @@ def test_representative_matches_the_page(page, model_type):
 def test_kernel_ignoring_the_window_fails_the_comparison(monkeypatch):
     model = build("mistral")
     assert compare(model) == []
-    kernel = interface.grouped_sdpa_attention
+    kernel = kernels.grouped_sdpa_attention
 
     def windowless(*args, options):
         return kernel(*args, options=dataclasses.replace(options, window=None))
 
-    monkeypatch.setattr(interface, "grouped_sdpa_attention", lambda *args: windowless(*args[:-1], options=args[-1]))
+    monkeypatch.setattr(kernels, "grouped_sdpa_attention", lambda *args: windowless(*args[:-1], options=args[-1]))
     assert compare(model) != []

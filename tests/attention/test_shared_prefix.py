@@ -12,8 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from attention_testing import DTYPES, FAMILIES, make_case, shared_prefix_result, standard_result, tiny_model, violations
 
-from verl_ext.attention import build_grouped_batch, grouped_attention_mode
-from verl_ext.attention.groups import GroupPlan, PrefixGroup
+from verl_ext.attention import grouped_attention_mode
 from verl_ext.attention.shared_prefix import SharedPrefix, backward_prefix, encode_prefix
 
 
@@ -55,9 +54,9 @@ def test_a_batch_reads_only_its_own_prompt():
     model = tiny_model("qwen2", torch.float32)
     with grouped_attention_mode(model):
         prefix = encode_prefix(model, torch.tensor([5, 6, 7]), trainable=False)
-    plan = GroupPlan((PrefixGroup((0,), 3, (2,)),), 1)
+    prefix.check_reader(torch.tensor([5, 6, 7]))
     with pytest.raises(ValueError, match="not the shared prefix"):
-        build_grouped_batch(plan, [torch.tensor([5, 6, 8])], [torch.tensor([9, 9])], reads_prefix=prefix)
+        prefix.check_reader(torch.tensor([5, 6, 8]))
 
 
 def test_untouched_prefix_backward_adds_nothing():

@@ -52,9 +52,13 @@ from attention_testing import (  # noqa: E402
 )
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-from verl_ext.attention import META_KWARG, grouped_attention_mode, prepare_grouped_batch  # noqa: E402
-from verl_ext.attention.grouped_flex import compile_stats  # noqa: E402
-from verl_ext.settings import GROUPED_ATTENTION_ENV  # noqa: E402
+from verl_ext.attention import (  # noqa: E402
+    META_KWARG,
+    GroupedAttentionCall,
+    GroupedKernels,
+    grouped_attention_mode,
+    prepare_grouped_batch,
+)
 
 QWEN25_1P5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                    num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
@@ -72,8 +76,7 @@ def report(check: str, case: str, value: str, passed: bool | None = None) -> Non
     print(" | ".join(ROWS[-1]), flush=True)
 
 
-def use_backend(name: str) -> None:
-    os.environ[GROUPED_ATTENTION_ENV] = name  # read by verl_ext's attention layer on every call
+KERNELS = {name: GroupedKernels(name) for name in ("sdpa", "flex")}  # one each: flex keeps its compile cache
 
 
 # ---------------------------------------------------------------- 1. equivalence
@@ -122,24 +125,23 @@ def equivalence(device: str, dtype: torch.dtype) -> None:
     standard = _errors(standard_result, ref)
     floors = _noise_floors(ref, dtype)
     for backend in ("sdpa", "flex"):
-        use_backend(backend)
+        kernels = KERNELS[backend]
         for layout in ("packed", "padded"):
             where = f"{backend}, {layout}, {dtype}".replace("torch.", "")
             if backend == "flex" and device == "cpu":  # no CPU backward: the forward against the reference
                 with torch.no_grad():
-                    lp, _ = grouped_response_log_probs(model, case.prompts, case.responses, case.uids, layout)
+                    lp, _ = grouped_response_log_probs(model, case.prompts, case.responses, case.uids, layout, kernels)
                 err = (torch.cat(lp).double() - ref.log_probs).abs().max().item()
                 report("equivalence", f"{where}: log-probs only (no CPU backward)",
                        f"{err:.2e} vs standard {standard['log_probs']:.2e}",
                        err <= BUDGET * max(standard["log_probs"], floors["log_probs"]))
                 continue
             grouped = _result(model, *grouped_response_log_probs(
-                model, case.prompts, case.responses, case.uids, layout))
+                model, case.prompts, case.responses, case.uids, layout, kernels))
             _report_ratios(f"{where}: worst of", grouped, standard_result, ref, floors)
         if device == "cuda" or backend == "sdpa":  # each group cut in 3 parts that read its prompt, run once
             _report_ratios(f"{backend}, shared prefix in 3 parts, {dtype}: worst of".replace("torch.", ""),
-                           shared_prefix_result(model, case, 3), standard_result, ref, floors)
-    use_backend("auto")
+                           shared_prefix_result(model, case, 3, kernels=kernels), standard_result, ref, floors)
 
 
 def _report_ratios(where: str, got, standard, ref, floors: dict) -> None:
@@ -179,11 +181,12 @@ def grouped_run(model, prompt, responses, backend):
                                   device=prompt.device)
     targets = torch.cat(responses)
 
+    call = GroupedAttentionCall(batch.attention, KERNELS[backend])
+
     def run():
-        use_backend(backend)
         with grouped_attention_mode(model):  # the backward inside: checkpointing recomputes the attention
             logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
-                           logits_to_keep=batch.predictor_index, **{META_KWARG: batch.attention}).logits
+                           logits_to_keep=batch.predictor_index, **{META_KWARG: call}).logits
             log_probs = _log_probs(logits[0], targets)
             log_probs.sum().backward()
         return log_probs.detach()
@@ -227,12 +230,13 @@ def timing(device: str, dtype: torch.dtype, config: dict, cases: list[tuple[int,
         for method in methods:
             run = standard_run(model, prompt, responses, lr) if method == "standard" else grouped_run(
                 model, prompt, responses, method)
-            compiled_before = compile_stats()["first_call_seconds"]
+            flex = KERNELS["flex"].flex
+            compiled_before = flex.compile_stats()["first_call_seconds"]
             first, seconds, peak, log_probs = measure(model, run, repeats, device)
             results[method] = (seconds, log_probs)
             extra = f", first call {first:.1f} s" if method == "flex" else ""
             if method == "flex":
-                extra += f" (compile {compile_stats()['first_call_seconds'] - compiled_before:.1f} s)"
+                extra += f" (compile {flex.compile_stats()['first_call_seconds'] - compiled_before:.1f} s)"
             report("fwd+bwd timing", f"{method} ({where})", f"{seconds:.3f} s, peak {peak:.1f} GiB{extra}")
         std_seconds, std_lp = results["standard"]
         for method in methods[1:]:
@@ -240,7 +244,6 @@ def timing(device: str, dtype: torch.dtype, config: dict, cases: list[tuple[int,
             diff = (log_probs - std_lp).abs().max().item()
             report("fwd+bwd timing", f"speed-up standard/{method} ({where})",
                    f"{std_seconds / seconds:.2f}x (tokens {theory:.2f}x fewer); max log-prob diff {diff:.2e}")
-    use_backend("auto")
 
 
 # ---------------------------------------------------------------- 3. rollout

@@ -17,7 +17,7 @@ def require(cuda: bool = True, flash_attn: bool = False, vllm: bool = False, who
     if (cuda or flash_attn) and not has_cuda:
         missing.append("a CUDA GPU visible to torch")
     if flash_attn and has_cuda:
-        from verl_ext.attention.grouped_flash import flash_unusable_reason
+        from verl_ext.attention.kernels.flash import flash_unusable_reason
 
         reason = flash_unusable_reason(torch.empty(1, 1, 1, 64, device="cuda", dtype=torch.bfloat16))
         if reason is not None:

@@ -5,7 +5,7 @@ from verl_ext_testing import groups_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_ext.attention import PrefixGroup
+from verl_ext.attention import PrefixGroup, find_groups
 from verl_ext.grouping import grouped_workload, plan_micro_batches, sample_budget, stream_tokens, token_budget
 
 
@@ -166,6 +166,20 @@ def test_every_sample_once_every_part_fits_fitting_groups_whole(plan):
         for p, shared in zip(parts, result.shared):
             cost = budget.whole if shared is None else budget.responses
             assert sum(cost(piece) for piece in pieces(groups, p)) <= budget.capacity
+        # each part carries the groups find_groups finds in its samples (the engine groups a batch once)
+        prompts, responses, uids = samples_of(groups)
+        for p, group_plan in zip(parts, result.group_plans):
+            assert group_plan == find_groups([prompts[i] for i in p], [responses[i] for i in p], [uids[i] for i in p])
+
+
+def samples_of(groups):
+    """Prompts, responses and uids of the samples the groups describe (each group its own uid and prompt)."""
+    n = sum(map(size, groups))
+    prompts, responses, uids = [None] * n, [None] * n, [None] * n
+    for index, g in enumerate(groups):
+        for m, length in zip(g.members, g.response_lens):
+            prompts[m], responses[m], uids[m] = [index + 1] * g.prompt_len, [0] * length, index
+    return prompts, responses, uids
 
 
 def pieces(groups, part):

@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from safetensors.torch import load_file
@@ -34,7 +35,7 @@ def _sliding_window_model(demo_data_dir: Path, target: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sliding_window_runs(demo_data_dir, tmp_path_factory) -> dict[bool, Path]:
+def sliding_window_runs(demo_data_dir, tmp_path_factory) -> SimpleNamespace:
     model = _sliding_window_model(demo_data_dir, tmp_path_factory.mktemp("sliding") / "model")
     runs, started = {}, {}
     try:
@@ -49,16 +50,17 @@ def sliding_window_runs(demo_data_dir, tmp_path_factory) -> dict[bool, Path]:
     finally:
         for process in started.values():
             process.kill()
-    return runs
+    return SimpleNamespace(on=runs[True], off=runs[False], model=model)
 
 
 def test_sliding_window_grpo_step_equal_with_and_without_prefix_grouper(sliding_window_runs):
-    on, off = (step_metrics(sliding_window_runs[flag])[1] for flag in (True, False))
+    runs = sliding_window_runs
+    on, off = step_metrics(runs.on)[1], step_metrics(runs.off)[1]
     assert on["response_length/mean"] == off["response_length/mean"]  # the same rollouts
     assert off["actor/grad_norm"] > 0 and off["actor/pg_loss"] != 0
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss"):
         assert on[key] == pytest.approx(off[key], rel=1e-5, abs=1e-7), key
     assert on["actor/prefix_grouper/shared_groups"] == 8  # every group's prompt read by two micro-batches
-    w_on, w_off = (load_file(sliding_window_runs[flag] / "ckpt" / "global_step_1" / "actor" / "huggingface"
-                             / "model.safetensors") for flag in (True, False))
-    assert_same_update(w_on, w_off)
+    w_on, w_off = (load_file(out / "ckpt" / "global_step_1" / "actor" / "huggingface" / "model.safetensors")
+                   for out in (runs.on, runs.off))
+    assert_same_update(w_on, w_off, start=load_file(runs.model / "model.safetensors"))

@@ -1,11 +1,12 @@
 """Model-level shared-prefix forward: samples in, the grouped stream's logits out.
 
     batch  = prepare_grouped_batch(prompts, responses, uids)   # host-side layout, once
-    logits = grouped_logits(model, batch)                       # [B, S, V], each shared prompt run once
+    logits = grouped_logits(model, batch, kernels)              # [B, S, V], each shared prompt run once
     rows   = response_predictions(logits, batch)                # [R, V], or ungroup(logits, batch) per sample
 
 `prompts`, `responses`: one 1-D token sequence per sample (tensor or list of ints; responses may be
-empty); `uids`: one hashable per sample. Samples with the same uid and identical prompt tokens
+empty); `uids`: one hashable per sample; `kernels`: verl_ext.attention.kernels.GroupedKernels, the backend
+chosen once by the caller (default: "auto"). Samples with the same uid and identical prompt tokens
 share one prefix (see `groups.find_groups`). `model`: a transformers causal LM whose attention
 dispatches through `ALL_ATTENTION_FUNCTIONS` (Qwen2, Qwen3, Llama, ...), unwrapped or FSDP2-sharded
 in place. verl_ext's training engine (workers/grouped_engine.py) lays out verl's micro-batches itself
@@ -18,8 +19,12 @@ import torch
 from transformers import PreTrainedModel
 
 from verl_ext.attention.groups import TokenSeq, find_groups
-from verl_ext.attention.interface import META_KWARG, grouped_attention_mode
+from verl_ext.attention.interface import META_KWARG, GroupedAttentionCall, grouped_attention_mode
+from verl_ext.attention.kernels import GroupedKernels
 from verl_ext.attention.layout import GroupedBatch, Layout, build_grouped_batch
+from verl_ext.attention.prefix_state import PrefixStates
+
+_AUTO: GroupedKernels | None = None  # the kernels of callers that name none, made on first use
 
 
 def prepare_grouped_batch(
@@ -35,17 +40,27 @@ def prepare_grouped_batch(
     return build_grouped_batch(plan, prompts, responses, layout, pad_token_id).to(device)
 
 
-def grouped_logits(model: PreTrainedModel, batch: GroupedBatch) -> torch.Tensor:
+def grouped_logits(model: PreTrainedModel, batch: GroupedBatch, kernels: GroupedKernels | None = None) -> torch.Tensor:
     """[B, S, V] logits of the grouped stream (`batch` on the model's device).
 
     `model` attends with the grouped kernel for the call; a caller that must keep it so through the backward
     (activation checkpointing recomputes attention there) holds `grouped_attention_mode` around both.
     """
+    return run_grouped(model, batch, kernels).logits
+
+
+def run_grouped(model: PreTrainedModel, batch: GroupedBatch, kernels: GroupedKernels | None = None,
+                prefix: PrefixStates | None = None, **model_kwargs):
+    """The model's output on the grouped stream; `prefix`: the states a batch whose prefix ran apart reads, or
+    those a pass over one prompt alone records (shared_prefix.py)."""
+    call = GroupedAttentionCall(batch.attention, kernels or _default_kernels(), prefix)
     with grouped_attention_mode(model):
-        out = model(
-            input_ids=batch.input_ids,
-            position_ids=batch.position_ids,
-            use_cache=False,
-            **{META_KWARG: batch.attention},
-        )
-    return out.logits
+        return model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
+                     **model_kwargs, **{META_KWARG: call})
+
+
+def _default_kernels() -> GroupedKernels:
+    global _AUTO
+    if _AUTO is None:
+        _AUTO = GroupedKernels("auto")
+    return _AUTO

@@ -131,6 +131,15 @@ def expected_window(config, layer_idx: int | None) -> int | None:
     return window
 
 
+def _listed(config, layer_idx: int | None) -> bool:
+    """Whether the config's layer_types call layer `layer_idx` full or sliding attention."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layer_types = getattr(text, "layer_types", None)
+    if not layer_types or not isinstance(layer_idx, int) or layer_idx >= len(layer_types):
+        return False
+    return _LAYER_TYPES.get(layer_types[layer_idx]) in ("full_attention", "sliding_attention")
+
+
 def _is_mla(config) -> bool:
     v, nope, rope = (getattr(config, k, None) for k in ("v_head_dim", "qk_nope_head_dim", "qk_rope_head_dim"))
     return v is not None and nope is not None and rope is not None and v != nope + rope
@@ -141,7 +150,7 @@ def module_layer_kinds(model: torch.nn.Module) -> list[tuple[str, str]]:
     (see the module docstring)."""
     kinds = []
     for name, module in model.named_modules():
-        kind = _module_kind(module)
+        kind = module_kind(module)
         if kind == "unknown":
             kind = f"unknown ({_class_name(module)})"
         if kind != "positionwise":
@@ -154,10 +163,18 @@ def _class_name(module: torch.nn.Module) -> str:
     return name[len("FSDP"):] if name.startswith("FSDP") else name  # FSDP2 subclasses each module it shards
 
 
-def _module_kind(module: torch.nn.Module) -> str:
+def module_kind(module: torch.nn.Module) -> str:
+    """The kind of one module: a kind of the module docstring, `positionwise` or `unknown`."""
     name = _class_name(module)
     if _dispatches_attention(type(module)):
-        if getattr(module, "sliding_window", None):
+        config, layer = getattr(module, "config", None), getattr(module, "layer_idx", None)
+        # the config's layer_types, where they list this layer, decide (some sliding-capable classes keep a window
+        # attribute on full layers too: EXAONE 4); else the module's own window or the config-wide one
+        if _listed(config, layer):
+            sliding = expected_window(config, layer) is not None
+        else:
+            sliding = bool(getattr(module, "sliding_window", None)) or expected_window(config, layer) is not None
+        if sliding:
             return "sliding_attention"
         return "mla" if getattr(module, "v_head_dim", None) not in (None, getattr(module, "qk_head_dim", None)) \
             else "full_attention"

@@ -12,25 +12,23 @@ each token sees the rotary phase it has in the standard row [prompt; response].
 Attention metadata is in flat token coordinates (row-major over [B, S]). A group's responses sit
 right after its prefix in both layouts, so "all response tokens of group g" is one contiguous run.
 
-A batch that reads a shared prefix (`reads_prefix`, shared_prefix.py: the responses of one group
-whose prompt ran in a pass of its own) holds that group's responses only, positions still starting
-at Lp; their cross part attends to the shared keys/values, and the prefix's last logits predict
-each response's first token (row `num_tokens` of the flat outputs, see `response_predictions`).
+A batch whose prefix ran apart (`prefix_apart`, shared_prefix.py: the responses of one group whose
+prompt ran in a pass of its own) holds that group's responses only, positions still starting at Lp;
+their cross part attends to the prefix's keys/values, which the layer's call receives beside this
+layout, and the prefix's last logits predict each response's first token (row `num_tokens` of the
+flat outputs, see `response_predictions`).
 """
 
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from verl_ext.attention.groups import GroupPlan, TokenSeq, as_token_list
-
-if TYPE_CHECKING:
-    from verl_ext.attention.shared_prefix import SharedPrefix
 
 Layout = Literal["packed", "padded"]
 
@@ -63,8 +61,8 @@ class VarlenSegments:
     cross_cu_seqlens_k: torch.Tensor  # [n_cross + 1] int32 over cross_key_tokens
     max_cross_q: int
     max_cross_k: int
-    cross_key_tokens: torch.Tensor  # [sum of Lp over groups with a response] flat token index (of the shared keys
-    # when the batch reads a shared prefix)
+    cross_key_tokens: torch.Tensor  # [sum of Lp over groups with a response] flat token index (of the prefix's
+    # keys when it ran apart)
 
 
 @dataclass(frozen=True)
@@ -77,8 +75,7 @@ class GroupedAttentionMeta:
     positions: torch.Tensor  # [num_tokens] each token's position in its own sample (pads 0): sliding windows count these
     dense: DenseSegments
     varlen: VarlenSegments
-    records_prefix: "SharedPrefix | None" = None  # a pass over one prompt alone: each layer records its keys/values
-    reads_prefix: "SharedPrefix | None" = None  # the cross part attends to these keys/values, not the stream's
+    prefix_apart: bool = False  # one group's responses, whose prompt ran apart: the cross part reads its keys/values
 
 
 @dataclass(frozen=True)
@@ -90,7 +87,7 @@ class GroupedBatch:
     sample_index: torch.Tensor  # [sum_i (Lp_i + Lr_i)] flat index of each standard token, samples in order
     sample_lens: tuple[int, ...]  # [n_samples] Lp_i + Lr_i
     predictor_index: torch.Tensor  # [sum_i Lr_i] flat index of the output predicting each response token
-    # (num_tokens: the shared prefix's last logits)
+    # (num_tokens: the last logits of a prefix apart)
     response_lens: tuple[int, ...]  # [n_samples]
 
     def to(self, device: torch.device | str) -> "GroupedBatch":
@@ -213,7 +210,7 @@ def _varlen(s: _Spans) -> VarlenSegments:
     )
 
 
-def _attention_meta(s: _Spans, positions: np.ndarray, records_prefix, reads_prefix) -> GroupedAttentionMeta:
+def _attention_meta(s: _Spans, positions: np.ndarray, prefix_apart: bool) -> GroupedAttentionMeta:
     live = s.resp_len > 0
     return GroupedAttentionMeta(
         num_tokens=s.rows * s.row_len,
@@ -222,8 +219,7 @@ def _attention_meta(s: _Spans, positions: np.ndarray, records_prefix, reads_pref
         positions=_long(positions),
         dense=_dense(s),
         varlen=_varlen(s),
-        records_prefix=records_prefix,
-        reads_prefix=reads_prefix,
+        prefix_apart=prefix_apart,
     )
 
 
@@ -233,17 +229,14 @@ def build_grouped_batch(
     responses: Sequence[TokenSeq],  # n_samples x [Lr_i]
     layout: Layout = "packed",
     pad_token_id: int = 0,
-    records_prefix: "SharedPrefix | None" = None,  # `plan` is one prompt alone, whose keys/values this records
-    reads_prefix: "SharedPrefix | None" = None,  # `plan` is one group whose prompt ran apart, into this
+    prefix_apart: bool = False,  # `plan` is one group whose prompt ran apart: its responses only
 ) -> GroupedBatch:
     """Lay out `plan`'s groups as one grouped stream (host-side; call `.to(device)` after)."""
     if not plan.groups:
         raise ValueError("cannot lay out an empty batch")
-    if (records_prefix or reads_prefix) and len(plan.groups) != 1:
-        raise ValueError(f"a shared prefix belongs to one group; the batch has {len(plan.groups)}")
-    if reads_prefix is not None and as_token_list(prompts[plan.groups[0].members[0]]) != reads_prefix.prompt.tolist():
-        raise ValueError("the batch's prompt is not the shared prefix it would read")
-    s = _spans(plan, layout, prefix_in_stream=reads_prefix is None)
+    if prefix_apart and len(plan.groups) != 1:
+        raise ValueError(f"a prefix apart belongs to one group; the batch has {len(plan.groups)}")
+    s = _spans(plan, layout, prefix_in_stream=not prefix_apart)
     ids = np.full(s.rows * s.row_len, pad_token_id, dtype=np.int64)
     pos = np.zeros(s.rows * s.row_len, dtype=np.int64)
     for g, group in enumerate(plan.groups):
@@ -258,7 +251,7 @@ def build_grouped_batch(
         layout=layout,
         input_ids=torch.as_tensor(ids).view(s.rows, s.row_len),
         position_ids=torch.as_tensor(pos).view(s.rows, s.row_len),
-        attention=_attention_meta(s, pos, records_prefix, reads_prefix),
+        attention=_attention_meta(s, pos, prefix_apart),
         **_sample_maps(s),
     )
 
@@ -272,7 +265,7 @@ def _sample_maps(s: _Spans) -> dict:
     order = np.argsort(s.resp_sample)  # stream order -> batch order
     p_start, p_len = s.prefix_start[s.resp_group][order], s.prefix_len[s.resp_group][order]
     r_start, r_len = s.resp_start[order], s.resp_len[order]
-    # The prompt's last output predicts response token 0 (a shared prefix's is row rows * row_len, one past
+    # The prompt's last output predicts response token 0 (a prefix apart's is row rows * row_len, one past
     # the stream); response token k-1's output predicts token k.
     has_response = np.minimum(r_len, 1)
     last_prompt = np.where(p_len > 0, p_start + p_len - 1, s.rows * s.row_len)
@@ -295,29 +288,31 @@ def ungroup(
     with zeros. Every member's prompt positions read the shared prefix's outputs; the backward of
     the gather sums their gradients into the prefix, as the standard forward would.
     """
-    if batch.attention.reads_prefix is not None:
-        raise ValueError("a batch that reads a shared prefix holds no prompt outputs to ungroup; use response_predictions")
+    if batch.attention.prefix_apart:
+        raise ValueError("a batch whose prefix ran apart holds no prompt outputs to ungroup; use response_predictions")
     flat = x.reshape(batch.attention.num_tokens, *x.shape[2:]).index_select(0, batch.sample_index)
     per_sample = list(flat.split(batch.sample_lens))
     return pad_sequence(per_sample, batch_first=True) if padded else per_sample
 
 
 def response_predictions(
-    x: torch.Tensor,  # [B, S, ...] per-token outputs of the grouped stream (logits, for a batch reading a shared prefix)
+    x: torch.Tensor,  # [B, S, ...] per-token outputs of the grouped stream (logits, for a batch whose prefix ran apart)
     batch: GroupedBatch,
+    prefix_logits: torch.Tensor | None = None,  # [...]: the last logits of the prefix apart (prefix_apart only)
 ) -> torch.Tensor:
     """[sum_i Lr_i, ...]: the output that predicts each response token, samples in batch order.
 
     Row k of sample i is the standard forward's output at position Lp_i - 1 + k. Split it with
     `batch.response_lens`. Cheaper than `ungroup` when only response log-probs are needed: no
-    per-member copies of the prompt's outputs. In a batch reading a shared prefix the first token's
-    predictor is the prefix's last logits.
+    per-member copies of the prompt's outputs. In a batch whose prefix ran apart the first token's
+    predictor is `prefix_logits`.
     """
     n = batch.attention.num_tokens
-    shared = batch.attention.reads_prefix
-    if shared is None:
+    if batch.attention.prefix_apart != (prefix_logits is not None):
+        raise ValueError("prefix_logits are given exactly for a batch whose prefix ran apart")
+    if prefix_logits is None:
         return x.reshape(n, *x.shape[2:]).index_select(0, batch.predictor_index)
     rows = x.reshape(n, *x.shape[2:]).index_select(0, batch.predictor_index.clamp(max=n - 1))
     first = (batch.predictor_index == n).nonzero().squeeze(1)  # rows of each response's first token
-    rows[first] = shared.last_logits.to(rows.dtype).expand(len(first), *x.shape[2:])  # no copy of the whole stream
+    rows[first] = prefix_logits.to(rows.dtype).expand(len(first), *x.shape[2:])  # no copy of the whole stream
     return rows

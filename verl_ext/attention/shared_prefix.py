@@ -11,7 +11,7 @@ shared-prefix reuse, arXiv 2606.01143):
                    that feeds it the summed gradients
 
 Exact: a response token's attention over [prompt; itself] is the cross part over the prompt's
-keys/values merged by log-sum-exp with its own causal part (grouped_sdpa), whichever micro-batch
+keys/values merged by log-sum-exp with its own causal part (kernels/sdpa.py), whichever micro-batch
 the cross part's keys come from; and the gradient of a prompt parameter is the sum over the members
 (Prefix Grouper, Lemma 2.1), which the leaves collect in pieces and the one prefix backward applies.
 The logits at the prompt's last position predict every response's first token; they are a leaf too.
@@ -28,79 +28,70 @@ import torch
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
-from verl_ext.attention.groups import GroupPlan, PrefixGroup
-from verl_ext.attention.interface import META_KWARG, grouped_attention_mode
+from verl_ext.attention.forward import run_grouped
+from verl_ext.attention.groups import GroupPlan, PrefixGroup, as_token_list
+from verl_ext.attention.kernels import GroupedKernels
 from verl_ext.attention.layout import build_grouped_batch
+from verl_ext.attention.prefix_state import PrefixStates
 
 
 class SharedPrefix:
-    """A prompt's per-layer keys/values [1, Hkv, Lp, D] and the logits at its last position [V].
+    """A prompt's per-layer states (prefix_state.py: keys/values [1, Hkv, Lp, D] for attention) and the logits at
+    its last position [V].
 
-    Filled by one pass over the prompt (`record` is called by every attention layer); read by the
-    micro-batches of the group's responses. Encoded for training, the tensors are leaves that collect
-    the gradients of every reader, for `backward_prefix`.
+    Filled by one pass over the prompt (every layer records its state); read by the micro-batches of the group's
+    responses, whose layers receive the states with their call. Encoded for training, the tensors are leaves that
+    collect the gradients of every reader, for `backward_prefix`.
     """
 
     def __init__(self, prompt: torch.Tensor):
         self.prompt = prompt  # [Lp] token ids, on the model's device
-        self.keys: dict[int, torch.Tensor] = {}  # layer index -> [1, Hkv, Lp, D]
-        self.values: dict[int, torch.Tensor] = {}
+        self.states = PrefixStates()
         self.last_logits: torch.Tensor | None = None  # [V]
 
-    def record(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
-        """Called by each attention layer during the pass over the prompt; the first call per layer counts
-        (activation checkpointing calls the layer again in the backward)."""
-        if layer not in self.keys:
-            self.keys[layer], self.values[layer] = key, value
-
-    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if layer not in self.keys:
-            raise RuntimeError(f"the shared prefix holds no keys for layer {layer}: encode_prefix has not run on this model")
-        return self.keys[layer], self.values[layer]
-
     def leaves(self) -> list[torch.Tensor]:
-        """Every tensor the readers differentiate, in layer order: keys, values, then the last logits (none
-        before a pass has filled it)."""
+        """Every tensor the readers differentiate: the states layer by layer, then the last logits (none before a
+        pass has filled it)."""
         if self.last_logits is None:
             return []
-        return [*self.keys.values(), *self.values.values(), self.last_logits]
+        return [*self.states.tensors(), self.last_logits]
+
+    def check_reader(self, prompt) -> None:
+        """A batch that reads this prefix has its prompt."""
+        if as_token_list(prompt) != self.prompt.tolist():
+            raise ValueError("the batch's prompt is not the shared prefix it would read")
 
 
-def _prefix_pass(model: PreTrainedModel, prefix: SharedPrefix) -> torch.Tensor:
-    """Run `prefix.prompt` alone, recording each layer's keys/values into `prefix`; logits at its last position [V]."""
+def _prefix_pass(model: PreTrainedModel, prefix: SharedPrefix, kernels: GroupedKernels | None) -> torch.Tensor:
+    """Run `prefix.prompt` alone, recording each layer's state into `prefix`; logits at its last position [V]."""
     plan = GroupPlan(groups=(PrefixGroup((0,), len(prefix.prompt), (0,)),), num_samples=1)
-    batch = build_grouped_batch(plan, [prefix.prompt.cpu()], [[]], records_prefix=prefix).to(prefix.prompt.device)
-    with grouped_attention_mode(model):
-        out = model(
-            input_ids=batch.input_ids,
-            position_ids=batch.position_ids,
-            use_cache=False,
-            logits_to_keep=1,  # only the last position's logits: [1, 1, V], not [1, Lp, V]
-            **{META_KWARG: batch.attention},
-        )
+    batch = build_grouped_batch(plan, [prefix.prompt.cpu()], [[]]).to(prefix.prompt.device)
+    # only the last position's logits: [1, 1, V], not [1, Lp, V]
+    out = run_grouped(model, batch, kernels, prefix=prefix.states, logits_to_keep=1)
     logits = out.logits.full_tensor() if isinstance(out.logits, DTensor) else out.logits
     return logits[0, -1]
 
 
-def encode_prefix(model: PreTrainedModel, prompt: torch.Tensor, trainable: bool) -> SharedPrefix:
-    """The prompt's keys/values and last logits, without grad; leaves that collect gradients if `trainable`."""
+def encode_prefix(model: PreTrainedModel, prompt: torch.Tensor, trainable: bool,
+                  kernels: GroupedKernels | None = None) -> SharedPrefix:
+    """The prompt's states and last logits, without grad; leaves that collect gradients if `trainable`."""
     prefix = SharedPrefix(prompt)
     with torch.no_grad():
-        prefix.last_logits = _prefix_pass(model, prefix)
+        prefix.last_logits = _prefix_pass(model, prefix, kernels)
     if trainable:
         for leaf in prefix.leaves():
             leaf.requires_grad_()
     return prefix
 
 
-def backward_prefix(model: PreTrainedModel, prefix: SharedPrefix) -> None:
+def backward_prefix(model: PreTrainedModel, prefix: SharedPrefix, kernels: GroupedKernels | None = None) -> None:
     """Recompute the prompt's forward with grad and backpropagate what the readers accumulated.
 
     A prefix no reader touched still runs its forward and backward, with zero gradients: data-parallel
     ranks run the same collectives (a rank with nothing to do calls this on a one-token prompt).
     """
     recomputed = SharedPrefix(prefix.prompt)
-    recomputed.last_logits = _prefix_pass(model, recomputed)
+    recomputed.last_logits = _prefix_pass(model, recomputed, kernels)
     pairs = [(t, leaf.grad) for t, leaf in zip(recomputed.leaves(), prefix.leaves(), strict=False) if leaf.grad is not None]
     if not pairs:
         pairs = [(recomputed.last_logits, torch.zeros_like(recomputed.last_logits))]

@@ -28,7 +28,7 @@ from typing import Protocol
 
 from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions
 
-from verl_ext.attention.groups import PrefixGroup
+from verl_ext.attention.groups import GroupPlan, PrefixGroup
 from verl_ext.grouping.costs import grouped_workload, split_group
 
 Cost = Callable[[PrefixGroup], int]
@@ -84,6 +84,7 @@ def _num_samples(group: PrefixGroup) -> int:
 class MicroBatchPlan:
     parts: list[list[int]]  # sample indices of each micro-batch in the order they run, group members adjacent
     shared: list[int | None]  # [len(parts)] the shared group a part holds responses of (index into the groups)
+    group_plans: list[GroupPlan]  # [len(parts)] each part's groups, in the part's own sample indices
 
     def opens(self, i: int) -> bool:
         """Part i is the first of its shared group: the group's prompt runs before it."""
@@ -108,9 +109,25 @@ def plan_micro_batches(groups: Sequence[PrefixGroup], budget: Budget, agreement:
         parts = get_seqlen_balanced_partitions([budget.weight(u) for u in units], n_whole, equal_size=False) if n_whole else []
         fits = all(sum(budget.whole(units[i]) for i in part) <= budget.capacity for part in parts)
         if agreement.all(fits):
-            whole_parts = [[m for i in part for m in units[i].members] for part in parts]
-            return MicroBatchPlan(whole_parts + [list(p.members) for _, p in shared], [None] * n_whole + [i for i, _ in shared])
+            samples = [[m for i in part for m in units[i].members] for part in parts] + [list(p.members) for _, p in shared]
+            return MicroBatchPlan(samples, [None] * n_whole + [i for i, _ in shared], _group_plans(groups, samples))
         count += 1
+
+
+def _group_plans(groups: Sequence[PrefixGroup], parts: list[list[int]]) -> list[GroupPlan]:
+    """Each part's groups as attention.groups.find_groups would find them in the part's samples: a group's members
+    in the part (pieces of one group in one part are one group), groups in the order of their first member."""
+    of_sample = {m: (g, k) for g, group in enumerate(groups) for k, m in enumerate(group.members)}
+    plans = []
+    for part in parts:
+        members: dict[int, list[tuple[int, int]]] = {}  # group -> (local index, position in the group)
+        for local, sample in enumerate(part):
+            g, k = of_sample[sample]
+            members.setdefault(g, []).append((local, k))
+        plans.append(GroupPlan(groups=tuple(
+            PrefixGroup(tuple(i for i, _ in ms), groups[g].prompt_len, tuple(groups[g].response_lens[k] for _, k in ms))
+            for g, ms in members.items()), num_samples=len(part)))
+    return plans
 
 
 def _single(group: PrefixGroup, k: int) -> PrefixGroup:

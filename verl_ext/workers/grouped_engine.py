@@ -31,12 +31,14 @@ from verl.workers.engine import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from verl.workers.engine.utils import detach_tree
 
-from verl_ext.attention import grouped_attention_mode, grouped_logits, response_predictions
+from verl_ext.attention import GroupedKernels, grouped_attention_mode, response_predictions
+from verl_ext.attention.forward import run_grouped
 from verl_ext.compat import verl as verl_compat
 from verl_ext.grouping import MicroBatchPlan, plan_micro_batches, sample_budget, stream_tokens, token_budget
+from verl_ext.settings import grouped_attention_backend
 from verl_ext.workers.cpu_engines import CPUFSDPEngineWithLMHead
 from verl_ext.workers.grouped_config import GROUPED_BACKENDS, GroupedFSDPEngineConfig
-from verl_ext.workers.grouped_io import GroupedInputs, grouped_inputs, sample_tokens, to_jagged
+from verl_ext.workers.grouped_io import GroupedInputs, SampleTokens, grouped_inputs, sample_tokens, to_jagged
 from verl_ext.workers.shared_prefix_schedule import SharedPrefixSchedule
 
 # grouped-stream tokens / standard tokens of a batch (1.0: nothing shared); the update reports it as actor/...
@@ -58,7 +60,8 @@ class _GroupedForward:
         if isinstance(engine_config, GroupedFSDPEngineConfig):
             engine_config = engine_config.as_verl_config()
         super().__init__(model_config, engine_config, optimizer_config, checkpoint_config)
-        self._prefixes: SharedPrefixSchedule | None = None  # set for the duration of forward_backward_batch
+        self._kernels = GroupedKernels(grouped_attention_backend())  # verl_ext.grouped_attention, read once
+        self._steps: _MicroBatchSteps | None = None  # set for the duration of forward_backward_batch
 
     # ---- micro-batches -----------------------------------------------------------------------------
 
@@ -69,14 +72,14 @@ class _GroupedForward:
         agreement = _DataParallelAgreement(self.get_data_parallel_group())
         plan = self._plan_micro_batches(data, groups, agreement)
         pad_token_id = tu.get_non_tensor_data(data=data, key="pad_token_id", default=0)
-        self._prefixes = SharedPrefixSchedule(
-            self.module, plan, groups, tokens.prompts, not forward_only, agreement, get_device_id(), self._autocast, pad_token_id
-        )
+        prefixes = SharedPrefixSchedule(self.module, plan, groups, tokens.prompts, not forward_only, agreement,
+                                        get_device_id(), self._autocast, pad_token_id, self._kernels)
+        self._steps = _MicroBatchSteps(tokens, plan, prefixes)
         try:
             with grouped_attention_mode(self.module):  # held through backward: checkpointed layers recompute grouped
-                output = verl_compat.forward_backward_batch(self, data, loss_function, forward_only, plan.parts, self._prefixes)
+                output = verl_compat.forward_backward_batch(self, data, loss_function, forward_only, plan.parts, self._steps)
         finally:
-            self._prefixes = None
+            self._steps = None
         if not tu.get_non_tensor_data(data=data, key="use_dynamic_bsz", default=True):
             # verl restores the sample order only after dynamic batching; ours reorders in both modes
             output["model_output"] = {k: restore_dynamic_batch(v, plan.parts) for k, v in output["model_output"].items()}
@@ -99,13 +102,18 @@ class _GroupedForward:
         use_remove_padding = tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True)
         pad_token_id = tu.get_non_tensor_data(data=micro_batch, key="pad_token_id", default=0)
         layout = "packed" if use_remove_padding else "padded"
-        shared = self._prefixes.reading if self._prefixes is not None else None
-        inputs = grouped_inputs(sample_tokens(micro_batch), layout, pad_token_id, get_device_id(), shared)
+        if self._steps is None:
+            raise RuntimeError("the grouped engine's forward_step runs inside its forward_backward_batch only")
+        tokens, shared = self._steps.tokens(), self._steps.prefixes.reading
+        if shared is not None:
+            shared.check_reader(tokens.prompts[0])
+        inputs = grouped_inputs(tokens, layout, pad_token_id, get_device_id(), prefix_apart=shared is not None)
         micro_batch = on_device(micro_batch, get_device_id())
 
         with self._autocast():
-            logits = grouped_logits(self.module, inputs.batch)
-            model_output = self._response_outputs(logits, inputs, micro_batch, use_remove_padding)
+            states, prefix_logits = (None, None) if shared is None else (shared.states, shared.last_logits)
+            logits = run_grouped(self.module, inputs.batch, self._kernels, states).logits
+            model_output = self._response_outputs(logits, inputs, micro_batch, use_remove_padding, prefix_logits)
             if loss_function is not None:
                 dp_group = self.get_data_parallel_group()
                 loss, metrics = loss_function(model_output=model_output, data=micro_batch, dp_group=dp_group)
@@ -119,11 +127,12 @@ class _GroupedForward:
         dtype = verl_compat.autocast_dtype(self)
         return nullcontext() if dtype == torch.float32 else torch.autocast(device_type=get_device_name(), dtype=dtype)
 
-    def _response_outputs(self, logits, inputs: GroupedInputs, micro_batch, use_remove_padding: bool) -> dict:
+    def _response_outputs(self, logits, inputs: GroupedInputs, micro_batch, use_remove_padding: bool,
+                          prefix_logits: torch.Tensor | None) -> dict:
         """log_probs (and entropy) of the response tokens, computed as verl does, in verl's jagged layout."""
         if isinstance(logits, DTensor):
             logits = logits.full_tensor()
-        rows = response_predictions(logits, inputs.batch)  # [R, V]
+        rows = response_predictions(logits, inputs.batch, prefix_logits)  # [R, V]
         unit = verl_compat.is_scalar_unit_temperature(micro_batch["temperature"])
         rows = verl_compat.scale_logits_by_temperature(rows, inputs.row_temperature, is_unit_temperature=unit)
         calculate_entropy = tu.get_non_tensor_data(data=micro_batch, key="calculate_entropy", default=False)
@@ -152,6 +161,26 @@ def _refuse_unsupported(micro_batch: TensorDict) -> None:
             raise NotImplementedError(f"use_prefix_grouper does not support {key}")
     if extract_multi_modal_inputs(micro_batch.get("multi_modal_inputs", [])):
         raise NotImplementedError("use_prefix_grouper does not support multi-modal inputs")
+
+
+class _MicroBatchSteps:
+    """verl_ext.compat.verl.forward_backward_batch's hooks for one call: which micro-batch runs (its tokens and
+    groups come from the batch's, split and grouped once), and when a shared group's prompt runs."""
+
+    def __init__(self, tokens: SampleTokens, plan: MicroBatchPlan, prefixes: SharedPrefixSchedule):
+        self.batch_tokens, self.plan, self.prefixes = tokens, plan, prefixes
+        self.current: int | None = None
+
+    def tokens(self) -> SampleTokens:
+        i = self.current
+        return self.batch_tokens.select(self.plan.parts[i], self.plan.group_plans[i])
+
+    def before(self, i: int) -> None:
+        self.current = i
+        self.prefixes.before(i)
+
+    def after(self, i: int) -> None:
+        self.prefixes.after(i)
 
 
 class _DataParallelAgreement:

@@ -22,7 +22,6 @@ from verl.utils import tensordict_utils as tu
 
 from verl_ext.attention import GroupedBatch, GroupPlan, build_grouped_batch, find_groups
 from verl_ext.attention.layout import Layout
-from verl_ext.attention.shared_prefix import SharedPrefix
 
 
 @dataclass(frozen=True)
@@ -34,6 +33,14 @@ class SampleTokens:
     offsets: torch.Tensor  # [n + 1] jagged offsets of input_ids
     temperatures: list[float]  # [n]
     plan: GroupPlan  # groups by (uid, prompt tokens, temperature)
+
+    def select(self, samples: list[int], plan: GroupPlan) -> "SampleTokens":
+        """The tokens of a micro-batch of `samples` (in that order), whose groups `plan` gives (grouping/
+        micro_batches.py: the plan of the batch's groups, in the micro-batch's own indices)."""
+        lens = self.offsets.diff()[torch.as_tensor(samples, dtype=torch.long)]
+        offsets = torch.cat([self.offsets.new_zeros(1), lens.cumsum(0)])
+        return SampleTokens([self.prompts[i] for i in samples], [self.responses[i] for i in samples], offsets,
+                            [self.temperatures[i] for i in samples], plan)
 
 
 @dataclass(frozen=True)
@@ -81,10 +88,10 @@ def _check_positions(position_ids: torch.Tensor, offsets: torch.Tensor) -> None:
 
 
 def grouped_inputs(
-    tokens: SampleTokens, layout: Layout, pad_token_id: int, device, reads_prefix: SharedPrefix | None = None
+    tokens: SampleTokens, layout: Layout, pad_token_id: int, device, prefix_apart: bool = False
 ) -> GroupedInputs:
-    """`reads_prefix`: the micro-batch is part of one group whose prompt ran apart (attention/shared_prefix.py)."""
-    batch = build_grouped_batch(tokens.plan, tokens.prompts, tokens.responses, layout, pad_token_id, reads_prefix=reads_prefix)
+    """`prefix_apart`: the micro-batch is part of one group whose prompt ran apart (attention/shared_prefix.py)."""
+    batch = build_grouped_batch(tokens.plan, tokens.prompts, tokens.responses, layout, pad_token_id, prefix_apart=prefix_apart)
     response_lens = np.array([len(r) for r in tokens.responses])
     prompt_lens = np.array([len(p) for p in tokens.prompts])
     starts = tokens.offsets[:-1].numpy() + prompt_lens - 1  # the prompt's last position predicts response token 0

@@ -21,12 +21,13 @@ from contextlib import AbstractContextManager
 import torch
 
 from verl_ext.attention.groups import PrefixGroup
+from verl_ext.attention.kernels import GroupedKernels
 from verl_ext.attention.shared_prefix import SharedPrefix, backward_prefix, encode_prefix
 from verl_ext.grouping import Agreement, MicroBatchPlan
 
 
 class SharedPrefixSchedule:
-    """verl_ext.compat.verl.forward_backward_batch's hooks: `before(i)` / `after(i)` around micro-batch i."""
+    """`before(i)` / `after(i)` around micro-batch i (called by the engine's hooks: grouped_engine._MicroBatchSteps)."""
 
     def __init__(
         self,
@@ -39,9 +40,11 @@ class SharedPrefixSchedule:
         device: torch.device | str,
         autocast: Callable[[], AbstractContextManager],
         pad_token_id: int,
+        kernels: GroupedKernels,
     ):
         self.module, self.plan, self.trainable, self.agreement = module, plan, trainable, agreement
         self.groups, self.prompts, self.device, self.autocast = groups, prompts, device, autocast
+        self.kernels = kernels
         self.filler = torch.tensor([pad_token_id], device=device)  # the one-token prompt of a rank with no pass
         self.reading: SharedPrefix | None = None  # the prefix micro-batch i reads, between before(i) and after(i)
         self.active = not agreement.all(all(group is None for group in plan.shared))  # some rank shares a group
@@ -55,7 +58,7 @@ class SharedPrefixSchedule:
         if not self.active or self.agreement.all(not opens):
             return
         with self.autocast():
-            prefix = encode_prefix(self.module, self._prompt(i) if opens else self.filler, self.trainable)
+            prefix = encode_prefix(self.module, self._prompt(i) if opens else self.filler, self.trainable, self.kernels)
         if opens:
             self.reading = prefix
 
@@ -63,6 +66,6 @@ class SharedPrefixSchedule:
         closes = self.plan.closes(i)
         if self.active and self.trainable and not self.agreement.all(not closes):
             with self.autocast():
-                backward_prefix(self.module, self.reading if closes else SharedPrefix(self.filler))
+                backward_prefix(self.module, self.reading if closes else SharedPrefix(self.filler), self.kernels)
         if closes:
             self.reading = None

@@ -1,6 +1,6 @@
 """Shared-prefix attention on flash-attn 2's varlen kernels (CUDA, fp16/bf16; imported lazily).
 
-Same mask and the same two-part split as `grouped_sdpa` (see its docstring for the picture):
+Same mask and the same two-part split as `kernels.sdpa` (see its docstring for the picture):
 
     call 1, segments:  varlen over the whole stream cut into segments (each prefix, each response,
                        each pad run), causal. Exact for prefix tokens; the self part for responses.
@@ -21,7 +21,7 @@ softmax restricted to that call's keys; dQ from the two calls add up.
 
 import torch
 
-from verl_ext.attention.grouped_sdpa import merge_by_lse
+from verl_ext.attention.kernels.merge import merge_by_lse
 from verl_ext.attention.layout import GroupedAttentionMeta
 from verl_ext.compat import flash_attn as flash_compat
 
@@ -60,7 +60,7 @@ class _GroupedFlashAttention(torch.autograd.Function):
             o_c, lse_c = _varlen_fwd(q[r], k[keys], v[keys], *_cross_args(meta), scale, causal=False)
             lse_s = lse[:, r]
             dtype = torch.promote_types(out.dtype, torch.float32)
-            merged = merge_by_lse(o_c.to(dtype), lse_c.t(), out[r].to(dtype), lse_s.t())
+            merged, _ = merge_by_lse(o_c.to(dtype), lse_c.t(), out[r].to(dtype), lse_s.t())
             out = out.index_copy(0, r, merged.to(out.dtype))
             lse = lse.index_copy(1, r, torch.logaddexp(lse_c, lse_s))
         ctx.save_for_backward(q, k, v, out, lse)

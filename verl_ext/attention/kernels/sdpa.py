@@ -1,4 +1,4 @@
-"""Shared-prefix ("Prefix Grouper") attention in pure PyTorch; the reference and CPU path.
+"""Shared-prefix ("Prefix Grouper") attention in pure PyTorch: the reference kernel, and the CPU one.
 
 One group, prefix P (3 tokens) and responses A (2) and B (3), all in one stream; 1 = attend:
 
@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from verl_ext.attention.kernels.merge import merge_by_lse
 from verl_ext.attention.layout import GroupedAttentionMeta
 from verl_ext.attention.options import AttentionOptions
 
@@ -185,7 +186,7 @@ def _parts(meta: GroupedAttentionMeta, window: int | None, prefix_len: int) -> l
     dense = meta.dense
     device = dense.prefix_index.device
     parts = []
-    if meta.reads_prefix is None and meta.prefix_tokens.numel():
+    if not meta.prefix_apart and meta.prefix_tokens.numel():
         width = dense.prefix_index.shape[1]
         keep = None if window is None else _band(width, window, device)
         parts.append(_Part(dense.prefix_index, dense.prefix_slots, meta.prefix_tokens, "stream", keep is None, keep))
@@ -221,21 +222,6 @@ def _to_blocks(rows, slots, n, w, fill=0.0):
     return out.view(n, w, *rows.shape[1:]).transpose(1, 2)
 
 
-def _merge(o_a, lse_a, o_b, lse_b):
-    """Softmax over the union of two disjoint key sets (o [..., d], lse [...]); either may be empty (lse -inf)."""
-    top = torch.maximum(lse_a, lse_b)
-    top = top.masked_fill(top == float("-inf"), 0.0)
-    w_a, w_b = torch.exp(lse_a - top), torch.exp(lse_b - top)
-    total = w_a + w_b
-    out = (w_a[..., None] * o_a + w_b[..., None] * o_b) / total.masked_fill(total == 0, 1.0)[..., None]
-    return out, top + total.log()
-
-
-def merge_by_lse(o_a, lse_a, o_b, lse_b):
-    """Exact softmax output over the union of two disjoint key sets; o [..., d], lse [...]."""
-    return _merge(o_a, lse_a, o_b, lse_b)[0]
-
-
 class _GroupedAttention(torch.autograd.Function):
     """[N, H, Dv] output of every flat token (pads: zero), its parts merged, then the sinks."""
 
@@ -252,11 +238,11 @@ class _GroupedAttention(torch.autograd.Function):
             qb, kb, vb = _part_inputs(part, q, k, v, kp, vp)
             o_p, lse_p = _part_fwd(qb, kb, vb, scale, part.causal, part.keep, options.softcap)
             o_p, lse_p = _scatter_rows(o_p, part.slots), _scatter_rows(lse_p, part.slots)
-            merged_o, merged_lse = _merge(out[part.tokens], lse[part.tokens], o_p, lse_p)
+            merged_o, merged_lse = merge_by_lse(out[part.tokens], lse[part.tokens], o_p, lse_p)
             out.index_copy_(0, part.tokens, merged_o)
             lse.index_copy_(0, part.tokens, merged_lse)
         if sinks.numel():
-            out, lse = _merge(out, lse, torch.zeros_like(out), sinks.expand_as(lse))
+            out, lse = merge_by_lse(out, lse, torch.zeros_like(out), sinks.expand_as(lse))
         ctx.save_for_backward(q, k, v, kp, vp, sinks, out, lse)
         ctx.meta, ctx.scale, ctx.options, ctx.parts = meta, scale, options, parts
         return out
@@ -305,15 +291,15 @@ def grouped_sdpa_attention(
     value: torch.Tensor,  # [B, Hkv, S, Dv] (Dv may differ from D: MLA)
     meta: GroupedAttentionMeta,
     scale: float,
-    shared_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # ([1, Hkv, Lp, D], [1, Hkv, Lp, Dv]): the prefix read
+    prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # ([1, Hkv, Lp, D], [1, Hkv, Lp, Dv]): a prefix apart
     options: AttentionOptions = _PLAIN,
 ) -> torch.Tensor:
     """[B, S, H, Dv] grouped attention output; tokens in no segment (pads) get zeros."""
     b, h, s, _ = query.shape
     q, k, v = _tokens(query), _tokens(key), _tokens(value)
     dense = meta.dense
-    if shared_kv is not None:
-        kp, vp = shared_kv
+    if prefix_kv is not None:
+        kp, vp = prefix_kv
     else:
         kp, vp = (_gather_blocks(x, dense.prefix_index) for x in (k, v))
         if dense.cross_rows.numel() != kp.shape[0]:  # some groups have only empty responses
