@@ -76,7 +76,7 @@ def report(check: str, case: str, value: str, passed: bool | None = None) -> Non
     print(" | ".join(ROWS[-1]), flush=True)
 
 
-KERNELS = {name: GroupedKernels(name) for name in ("sdpa", "flex")}  # one each: flex keeps its compile cache
+KERNELS = {name: GroupedKernels(name) for name in ("auto", "sdpa", "flex")}  # one each: flex keeps its compile cache
 
 
 # ---------------------------------------------------------------- 1. equivalence
