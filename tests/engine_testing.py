@@ -146,6 +146,7 @@ class EngineResult:
     log_probs: torch.Tensor  # [sum_i Lr_i] response log-probs, samples in batch order
     entropy: torch.Tensor  # [sum_i Lr_i]
     grads: dict[str, torch.Tensor]  # full (unsharded) gradient of verl's PPO loss per parameter
+    metrics: dict = dataclasses.field(default_factory=dict)  # the update's metrics (prefix_grouper/* when grouped)
 
 
 def engine_result(worker, make_batch, **batching) -> EngineResult:
@@ -167,10 +168,10 @@ def engine_result(worker, make_batch, **batching) -> EngineResult:
     tu.assign_non_tensor(data, calculate_entropy=True, **batching)
     with engine.train_mode():
         engine.optimizer_zero_grad()
-        engine.forward_backward_batch(data, worker.loss_fn, forward_only=False)
+        output = engine.forward_backward_batch(data, worker.loss_fn, forward_only=False)
         grads = {n: p.grad.full_tensor().clone() for n, p in engine.module.named_parameters()}
         engine.optimizer_zero_grad()
-    return EngineResult(log_probs, entropy, grads)
+    return EngineResult(log_probs, entropy, grads, output["metrics"])
 
 
 def violations(got: EngineResult, ref: EngineResult) -> list[str]:

@@ -3,10 +3,13 @@ second machine needed), and the child-process probe that turns an extension's cr
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
 from verl_ext.platform import vllm_cpu
+
+REPO = Path(__file__).resolve().parents[1]
 
 AVX2_ONLY = frozenset("sse4_2 avx avx2 fma f16c".split())  # the AMD EPYC this project's CI has run on
 AVX512 = AVX2_ONLY | {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}
@@ -62,6 +65,32 @@ def test_the_script_prints_nothing_where_vllm_can_run(capsys, monkeypatch):
     assert vllm_cpu.main([]) == 0 and capsys.readouterr().out == ""
     monkeypatch.setattr(vllm_cpu, "why_not_here", lambda: "no AVX2")
     assert vllm_cpu.main([]) == 0 and capsys.readouterr().out == "no AVX2\n"
+
+
+def test_the_script_fails_with_the_probe_s_reason_where_vllm_should_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(vllm_cpu, "why_not_here", lambda: None)
+    broken = _interpreter(tmp_path, "echo 'ImportError: vllm._C_AVX2' >&2; exit 1")
+    assert vllm_cpu.main(["--probe", broken]) == 1
+    assert capsys.readouterr().out.strip().endswith("did not load here: ImportError: vllm._C_AVX2")
+    monkeypatch.setattr(vllm_cpu, "why_not_here", lambda: "no AVX2")  # an unsupported processor: a skip, not a failure
+    assert vllm_cpu.main(["--probe", broken]) == 0 and capsys.readouterr().out == "no AVX2\n"
+
+
+@pytest.mark.skipif(vllm_cpu.why_not_here() is not None, reason="vLLM's CPU build cannot run on this processor")
+def test_make_test_vllm_fails_on_a_broken_environment_and_skips_only_when_told(tmp_path):
+    # `make test-vllm` against a vLLM environment whose extension does not load: the run fails with the reason
+    import subprocess
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    _interpreter(venv / "bin", "echo 'ImportError: libnuma.so.1: cannot open' >&2; exit 1")
+    (venv / ".verl_ext-installed").touch()  # newer than its prerequisites: make builds nothing
+    make = ["make", "--no-print-directory", "-C", str(REPO), "test-vllm", f"VLLM_VENV={venv}"]
+    result = subprocess.run(make, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "is broken: vllm-cpu 0.24.0 did not load here: ImportError: libnuma.so.1: cannot open" in result.stdout
+    told = subprocess.run([*make, "VERL_EXT_SKIP_VLLM=1"], capture_output=True, text=True, timeout=120)
+    assert told.returncode == 0 and told.stdout.strip() == "vLLM tests skipped: VERL_EXT_SKIP_VLLM is set"
 
 
 def test_the_script_runs_without_verl_or_torch():

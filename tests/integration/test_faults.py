@@ -50,7 +50,7 @@ def _check_step_metrics(metrics: dict) -> None:
     assert 0 < metrics["rollout/engine_s"] <= metrics["timing_s/gen"]
     engine_tokens = metrics["rollout/engine_tokens_per_s"] * metrics["rollout/engine_s"]
     assert abs(engine_tokens - metrics["response_length/mean"] * PROMPTS_A_STEP * SAMPLES) <= 0.02 * engine_tokens
-    assert metrics["rollout/spec/accepted_tokens_per_forward"] >= 1.0
+    assert 0 <= metrics["rollout/spec/accepted_tokens"] <= metrics["rollout/spec/drafted_tokens"]
     # the rollout phase by where its time goes: the engine's phases add up to its busy time, and with the
     # server's idle time and what lies outside its span, to verl's timing_s/gen (within 5%)
     phase = {key.removeprefix("rollout/phase/"): value for key, value in metrics.items()
@@ -135,6 +135,8 @@ def test_killed_rollout_server_stops_the_run_and_the_run_resumes(demo_data_dir, 
     assert sorted(after) == list(range(checkpointed + 1, 4)) and 3 in after, (checkpointed, sorted(after))
     for metrics in after.values():
         _check_step_metrics(metrics)
+    # speculation ran: drafts were accepted in the run (a step's tokens per forward is 1.0 without any)
+    assert sum(m["rollout/spec/accepted_tokens"] for m in [*before.values(), *after.values()]) > 0
     assert f"steps: {len(after)}" in resumed.stdout and (tmp_path / "report" / "steps.png").stat().st_size > 0
     # the screen holds the step table and the summary; Ray's forwarded worker lines went to the run's log
     worker_line = re.compile(r"^(\x1b\[[0-9;]*m)?\((\w+ )?pid=\d+")  # Ray colours the prefix

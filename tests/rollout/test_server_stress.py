@@ -2,9 +2,14 @@
 
 The server's request table and its engine are changed by the event loop's worker threads (abort, weight load)
 and by the decode thread. Whatever the interleaving, every ``generate`` returns exactly once, completed or
-aborted, and the engine ends empty. So that the interleavings a GPU run meets over hours show up in seconds,
-the GIL changes hands as often as CPython allows, and the thread changing the request table is held up before
-each change (as a preempted thread would be).
+aborted, and the engine ends empty; and what it returns is right: every greedy call's tokens equal those a
+quiet server (no chaos, the same model) gives the same call, or for an aborted call begin them (the chaos loads
+clones of the current weights, so nothing may change). So that the interleavings a GPU run meets over hours
+show up in seconds, the GIL changes hands as often as CPython allows, and the thread changing the request table
+is held up before each change (as a preempted thread would be).
+
+Negative controls: callers mixed up after an abort (an injected race) and a weight load that does nothing must
+be caught. A weight load of different weights changes the tokens of the next call on, and of no call before.
 """
 
 import asyncio
@@ -42,15 +47,29 @@ class PreemptedDict(dict):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    model_path = tiny_model_dir(tmp_path_factory.mktemp("tiny_model"))
+def model_path(tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny_model"))
+
+
+def make_server(model_path) -> HFRolloutServer:
     arr = actor_rollout_ref_config(
         model_path, f"actor_rollout_ref.rollout.response_length={RESPONSE_LENGTH}",
         "actor_rollout_ref.rollout.prompt_length=32", "+actor_rollout_ref.rollout.engine_kwargs.hf.num_threads=1",
+        "actor_rollout_ref.rollout.load_format=auto",  # the checkpoint's weights, not random ones (dummy)
     )
-    server = HFRolloutServer(omega_conf_to_dataclass(arr.rollout), arr.model)
+    return HFRolloutServer(omega_conf_to_dataclass(arr.rollout), arr.model)
+
+
+@pytest.fixture(scope="module")
+def server(model_path):
+    server = make_server(model_path)
     server._waiting = PreemptedDict()
     return server
+
+
+@pytest.fixture(scope="module")
+def quiet_server(model_path):
+    return make_server(model_path)
 
 
 def random_call(rng: random.Random, index: int) -> dict:
@@ -94,7 +113,7 @@ async def act(server: HFRolloutServer, action: str, rng: random.Random, weights,
         await server.wake_up()
 
 
-async def drive(server: HFRolloutServer, seed: int) -> tuple[dict, dict, list]:
+async def drive(server: HFRolloutServer, seed: int, requests: int = REQUESTS) -> tuple[dict, dict, list]:
     rng = random.Random(seed)
     weights = [(name, tensor.detach().clone()) for name, tensor in server.model.state_dict().items()]
     returns: dict[str, list] = {}
@@ -115,7 +134,7 @@ async def drive(server: HFRolloutServer, seed: int) -> tuple[dict, dict, list]:
     stop = asyncio.Event()
     chaos_task = asyncio.create_task(chaos(server, random.Random(seed + 1), stop, weights, counts, errors, open_calls))
     calls = []
-    for index in range(REQUESTS):
+    for index in range(requests):
         calls.append(asyncio.create_task(call(random_call(rng, index))))
         await asyncio.sleep(rng.uniform(0.0, 0.012))  # a steady stream: admissions all along
     await asyncio.gather(*calls)
@@ -128,15 +147,39 @@ async def drive(server: HFRolloutServer, seed: int) -> tuple[dict, dict, list]:
     return returns, counts, errors
 
 
-def test_every_call_returns_once_under_aborts_and_weight_syncs(server):
+def chaos_run(server: HFRolloutServer, seed: int = 0, requests: int = REQUESTS):
     switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # hand the GIL over as often as CPython allows
     try:
-        start = time.perf_counter()
-        returns, counts, errors = asyncio.run(drive(server, seed=0))
-        elapsed = time.perf_counter() - start
+        return asyncio.run(drive(server, seed, requests))
     finally:
         sys.setswitchinterval(switch_interval)
+
+
+async def _generate_all(server: HFRolloutServer, calls: list[dict]) -> dict[str, list[int]]:
+    outputs = await asyncio.gather(*(server.generate(**kwargs) for kwargs in calls))
+    assert all(out.stop_reason == "completed" for out in outputs)
+    return {kwargs["request_id"]: out.token_ids for kwargs, out in zip(calls, outputs)}
+
+
+def greedy_violations(returns: dict, quiet_server: HFRolloutServer) -> list[str]:
+    """Greedy calls whose tokens differ from the quiet server's for the same call (a completed call: equal; an
+    aborted one: a prefix). Greedy tokens do not depend on the batch (speculation/sampling.py: ties)."""
+    greedy = {rid: (kwargs, out) for rid, [(kwargs, out)] in returns.items()
+              if not isinstance(out, BaseException) and kwargs["sampling_params"]["temperature"] == 0.0}
+    quiet = asyncio.run(_generate_all(quiet_server, [kwargs for kwargs, _ in greedy.values()]))
+    wrong = []
+    for rid, (kwargs, out) in greedy.items():
+        want = quiet[rid] if out.stop_reason == "completed" else quiet[rid][:len(out.token_ids)]
+        if out.token_ids != want:
+            wrong.append(f"{rid} ({out.stop_reason}): {out.token_ids} where a quiet server gives {quiet[rid]}")
+    return wrong
+
+
+def test_every_call_returns_once_and_right_under_aborts_and_weight_syncs(server, quiet_server):
+    start = time.perf_counter()
+    returns, counts, errors = chaos_run(server)
+    elapsed = time.perf_counter() - start
     assert sorted(returns) == sorted(f"r{i}" for i in range(REQUESTS))  # none lost
     assert all(len(outputs) == 1 for outputs in returns.values())  # none twice
     failures = {rid: out for rid, [(_, out)] in returns.items() if isinstance(out, BaseException)}
@@ -156,4 +199,73 @@ def test_every_call_returns_once_under_aborts_and_weight_syncs(server):
     assert counts["abort"] + counts["abort_drain"] > 0 and reasons["completed"] > 0
     assert not server.engine.rows and server.engine.batch is None  # no row and no KV cache left
     assert not server._waiting and not server._backlog and server._inbox.empty()
-    print(f"{REQUESTS} calls in {elapsed:.1f}s: {reasons}; interleaved {counts}")
+    assert greedy_violations(returns, quiet_server) == []
+    greedy = sum(kwargs["sampling_params"]["temperature"] == 0.0 for [(kwargs, _)] in returns.values())
+    print(f"{REQUESTS} calls in {elapsed:.1f}s: {reasons}; {greedy} greedy ones checked; interleaved {counts}")
+
+
+def test_callers_mixed_up_after_an_abort_are_caught(model_path, quiet_server, monkeypatch):
+    # negative control: after the first abort, every admission hands two of its requests' results to each other's
+    # callers (what a race on the request table would do); liveness alone would not see it
+    server = make_server(model_path)
+    admit = HFRolloutServer._admit_locked
+
+    def mixing(self):
+        done = admit(self)
+        admitted = [h for h in self._waiting if h not in getattr(self, "_seen", set())]
+        self._seen = set(self._waiting)
+        if self._aborts_applied and len(admitted) >= 2:
+            a, b = admitted[:2]
+            self._waiting[a], self._waiting[b] = self._waiting[b], self._waiting[a]
+        return done
+
+    monkeypatch.setattr(HFRolloutServer, "_admit_locked", mixing)
+    returns, counts, _ = chaos_run(server, seed=1, requests=200)
+    assert counts.get("abort", 0) + counts.get("abort_drain", 0) > 0
+    assert greedy_violations(returns, quiet_server) != []
+
+
+async def _load_and_generate(server: HFRolloutServer, weights, calls: list[dict]):
+    before = await _generate_all(server, calls)
+    await server.load_weights(weights)
+    after = await _generate_all(server, [{**kwargs, "request_id": kwargs["request_id"] + "'"} for kwargs in calls])
+    return before, after
+
+
+def weight_switch_violations(model_path, tmp_path) -> list[str]:
+    """Greedy calls before a load of other weights give the old model's tokens; every call after it, the new
+    model's (a server started on the new weights is the reference)."""
+    from transformers import AutoModelForCausalLM
+
+    other = tmp_path / "other"
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.2 * torch.randn_like(param))
+    model.save_pretrained(other)
+    for path in model_path.iterdir():  # the tokenizer's files
+        if not (other / path.name).exists():
+            (other / path.name).write_bytes(path.read_bytes())
+    rng = random.Random(5)
+    calls = [{"prompt_ids": [rng.randrange(4, VOCAB) for _ in range(6)], "request_id": f"w{i}",
+              "sampling_params": {"max_tokens": RESPONSE_LENGTH, "temperature": 0.0}} for i in range(8)]
+    weights = [(name, tensor) for name, tensor in model.state_dict().items()]
+    before, after = asyncio.run(_load_and_generate(make_server(model_path), weights, calls))
+    old = asyncio.run(_generate_all(make_server(model_path), calls))
+    new = asyncio.run(_generate_all(make_server(other), calls))
+    wrong = [f"{rid} before the load: {before[rid]}, the old model gives {old[rid]}" for rid in old if before[rid] != old[rid]]
+    wrong += [f"{rid} after the load: {after[rid + chr(39)]}, the new model gives {new[rid]}"
+              for rid in new if after[rid + "'"] != new[rid]]
+    if old == new:
+        wrong.append("the other weights give the same tokens: the check would be vacuous")
+    return wrong
+
+
+def test_a_load_of_other_weights_changes_the_next_calls_and_no_earlier_one(model_path, tmp_path):
+    assert weight_switch_violations(model_path, tmp_path) == []
+
+
+def test_a_weight_load_that_does_nothing_is_caught(model_path, tmp_path, monkeypatch):
+    monkeypatch.setattr(HFRolloutServer, "_load_weights_locked", lambda self, named_tensors: None)
+    assert weight_switch_violations(model_path, tmp_path) != []

@@ -3,8 +3,10 @@
 Target: a fixed random trigram logits table over 12 tokens; 4-token sequences from a fixed start.
 (a) plain sampling with sample_next; (b) speculative decoding with drafts from a fixed deterministic
 drafter that is right about half the time, 0..3 drafts per row. Both are compared with the exact
-sequence distribution (enumerated from the table). Negative controls: two classic mistakes in the
-verifier, which the same test must reject. Seeds are fixed, so the test is deterministic; over seeds 1-8
+sequence distribution, enumerated from the table under the law tests/sampling_oracle.py computes from the
+spec's definitions (not verl_ext's own processed_probs, which a shared bug would pass). Negative controls:
+two classic mistakes in the verifier and a top-p that drops the token crossing the mass, which the same test
+must reject. Seeds are fixed, so the test is deterministic; over seeds 1-8
 the p-values spread over (0.0016, 0.94) for plain and (0.07, 0.94) for speculative sampling, while both
 negative controls give p = 0.0.
 """
@@ -14,9 +16,11 @@ import pytest
 import torch
 from scipy import stats
 
+from sampling_oracle import policy_law, top_p_dropping_the_crossing_token
+
 from verl_ext.speculation import BatchSamplingParams, sample_next, verify
+from verl_ext.speculation import sampling as sampling_module
 from verl_ext.speculation import verifier as verifier_module
-from verl_ext.speculation.sampling import processed_probs
 
 V, LENGTH, K, N = 12, 4, 3, 50_000
 START = (0, 1)
@@ -32,8 +36,7 @@ def model():
 
 def exact_distribution(table, setting):
     """P(t1..t4) as a [V**4] float64 vector."""
-    probs = processed_probs(table.reshape(V * V, V), BatchSamplingParams.full(V * V, **setting))
-    p = probs.reshape(V, V, V).double()
+    p = torch.from_numpy(policy_law(table.numpy(), **setting))  # [V, V, V]
     joint = p[START]  # [V]
     joint = joint[:, None] * p[START[1]]  # [V, V]
     joint = joint[:, :, None] * p  # [V, V, V]
@@ -116,3 +119,10 @@ def test_negative_control_biased_verifier_is_caught(bias, monkeypatch):
     setting = SETTINGS[1]
     samples = speculative_samples(table, drafter, setting, seed=2)
     assert goodness_of_fit(samples, exact_distribution(table, setting)) < 1e-6
+
+
+def test_negative_control_top_p_off_by_one_token_is_caught(monkeypatch):
+    monkeypatch.setattr(sampling_module, "_mask_top_k_top_p", top_p_dropping_the_crossing_token)
+    table, _ = model()
+    setting = SETTINGS[0]
+    assert goodness_of_fit(plain_samples(table, setting, seed=3), exact_distribution(table, setting)) < 1e-6

@@ -42,13 +42,18 @@ def engines(demo_assets):
 
 def pytest_collection_modifyitems(config, items):
     """Where vLLM is installed but its CPU build cannot run on this processor, every test here skips with one
-    line (a crash of the compiled extension would end the whole run, not fail a test)."""
+    line (a crash of the compiled extension would end the whole run, not fail a test). Where the processor can
+    run it and the build does not load, the environment is broken: the run stops with the probe's reason."""
     here = Path(__file__).parent
     ours = [item for item in items if here in Path(item.fspath).parents]
     if not ours or importlib.util.find_spec("vllm") is None:
         return
-    reason = vllm_cpu.why_not_here() or vllm_cpu.probe(sys.executable)
+    reason = vllm_cpu.why_not_here()
     if reason:
         skip = pytest.mark.skip(reason=f"vLLM cannot run here: {reason}")
         for item in ours:
             item.add_marker(skip)
+        return
+    broken = vllm_cpu.probe(sys.executable)
+    if broken:
+        raise pytest.UsageError(f"the vLLM environment is broken: {broken}")

@@ -34,9 +34,10 @@ def test_three_grpo_steps_on_vllm_with_ngram_rl(demo_data_dir, tmp_path):
         emitted = metrics["rollout/spec/emitted_tokens"]
         assert abs(emitted - metrics["response_length/mean"] * SAMPLES) <= 0.02 * emitted
         assert 0 <= metrics["rollout/spec/accepted_tokens"] <= metrics["rollout/spec/drafted_tokens"]
-        assert metrics["rollout/spec/accepted_tokens_per_forward"] >= 1.0
         assert metrics["rollout/spec/cache_tokens"] > 0  # the ngram_rl history filled
     assert steps[-1]["rollout/spec/cache_tokens"] > steps[0]["rollout/spec/cache_tokens"]
+    # ngram_rl's drafts were accepted (tokens per forward is 1.0 without speculation: it would not tell)
+    assert sum(metrics["rollout/spec/accepted_tokens"] for metrics in steps) > 0
 
     # verl's checkpoint carries the history out of the vLLM engine as token lists (collective_rpc would have
     # garbled numpy arrays), every response of the run in it: 3 steps x 64 rollouts (max 32 per prompt) of the

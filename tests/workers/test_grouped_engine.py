@@ -25,6 +25,8 @@ from engine_testing import (
 )
 from verl_ext_testing import REPO
 
+from verl_ext.workers.grouped_engine import SHARED_GROUPS_METRIC, TOKEN_RATIO_METRIC
+
 # A uid whose prompts differ ("b" twice: split), a group of one ("c"), empty responses, another uid with
 # group "a"'s prompt ("d", not merged: different uid), a group larger than a fixed micro-batch ("a").
 GROUPS = [("a", 24, [5, 7, 3, 6, 1]), ("b", 9, [4, 0, 6]), ("c", 1, [3]), ("b", 5, [2, 0]), ("d", 24, [2])]
@@ -92,28 +94,54 @@ def test_grouped_engine_equals_standard(actors, case):
     assert len(make_batch()) == N
     results = [engine_result(actor, make_batch, use_remove_padding=use_remove_padding, **batching) for actor in actors]
     assert violations(results[1], results[0]) == []
+    # the prompts were shared: a fallback that encoded each sample's prompt again would give the same numbers
+    assert results[1].metrics[TOKEN_RATIO_METRIC][0] < 0.8 and TOKEN_RATIO_METRIC not in results[0].metrics
 
 
-SPLIT_CASES = {
-    "packed-dynamic": (True, SPLIT_DYNAMIC, False),
-    "padded-dynamic-tool_spans": (False, SPLIT_DYNAMIC, True),
-    "packed-fixed-tool_spans": (True, SPLIT_FIXED, True),
-    "padded-fixed": (False, SPLIT_FIXED, False),
+SPLIT_CASES = {  # (use_remove_padding, batching, tool spans, groups whose prompt runs apart: "a" "b" "d" / "a" "b")
+    "packed-dynamic": (True, SPLIT_DYNAMIC, False, 3),
+    "padded-dynamic-tool_spans": (False, SPLIT_DYNAMIC, True, 3),
+    "packed-fixed-tool_spans": (True, SPLIT_FIXED, True, 2),
+    "padded-fixed": (False, SPLIT_FIXED, False, 2),
 }
 
 
 @pytest.mark.parametrize("case", SPLIT_CASES)
 def test_groups_across_micro_batches_equal_standard(actors, case):
     # each shared group's prompt runs once; its parts read its keys/values (1 to 8 parts per group)
-    use_remove_padding, batching, tool_spans = SPLIT_CASES[case]
+    use_remove_padding, batching, tool_spans, shared_groups = SPLIT_CASES[case]
     make_batch = functools.partial(rollout_batch, LONG_GROUPS, seed=3, temperature=0.9, tool_spans=tool_spans)
-    # verl's own engine refuses a budget below its longest sample (36 tokens): it runs at 40 (the loss is normalised
-    # over the whole batch, so its micro-batches do not change the result)
-    standard_batching = {**batching, "max_token_len_per_gpu": 40} if batching["use_dynamic_bsz"] else batching
     standard, grouped = actors
-    expected = engine_result(standard, make_batch, use_remove_padding=use_remove_padding, **standard_batching)
+    expected = engine_result(standard, make_batch, use_remove_padding=use_remove_padding, **_standard(batching))
     got = engine_result(grouped, make_batch, use_remove_padding=use_remove_padding, **batching)
     assert violations(got, expected) == []
+    assert got.metrics[SHARED_GROUPS_METRIC] == [shared_groups]  # the prompts ran apart, once each
+
+
+def _standard(batching: dict) -> dict:
+    """verl's own engine refuses a budget below its longest sample (36 tokens): it runs at 40 (the loss is
+    normalised over the whole batch, so its micro-batches do not change the result)."""
+    return {**batching, "max_token_len_per_gpu": 40} if batching["use_dynamic_bsz"] else batching
+
+
+def test_a_part_that_drops_its_prefix_gradient_is_caught(actors, monkeypatch):
+    # negative control: the prompt's backward without what the parts added to its keys/values (the prompt's
+    # parameters then miss the members' share)
+    from verl_ext.workers import shared_prefix_schedule
+
+    real = shared_prefix_schedule.backward_prefix
+
+    def dropping(model, prefix, kernels=None):
+        for leaf in prefix.leaves()[:-1]:
+            leaf.grad = None
+        return real(model, prefix, kernels)
+
+    make_batch = functools.partial(rollout_batch, LONG_GROUPS, seed=3, temperature=0.9)
+    standard, grouped = actors
+    expected = engine_result(standard, make_batch, use_remove_padding=True, **_standard(SPLIT_DYNAMIC))
+    monkeypatch.setattr(shared_prefix_schedule, "backward_prefix", dropping)
+    got = engine_result(grouped, make_batch, use_remove_padding=True, **SPLIT_DYNAMIC)
+    assert violations(got, expected) != []
 
 
 def test_gradient_checkpointing(gloo, model_dir):

@@ -10,7 +10,9 @@ Standard library only: the Makefile runs it with the system Python before any en
 ``verl_ext.preflight`` before verl (or torch) is imported.
 
     python3 verl_ext/platform/vllm_cpu.py            prints the reason vLLM cannot run here; nothing where it can
-    python3 verl_ext/platform/vllm_cpu.py --probe PY also loads the build vLLM picks, in a child process of PY
+    python3 verl_ext/platform/vllm_cpu.py --probe PY also loads the build vLLM picks, in a child process of PY;
+                                                     where the processor can run vLLM and the build does not load,
+                                                     the environment is broken: the reason, exit status 1
 """
 
 import platform
@@ -68,7 +70,10 @@ def probe(python: str, timeout_s: float = 300.0) -> Optional[str]:
 def main(argv: list[str]) -> int:
     reason = why_not_here()
     if reason is None and argv[:1] == ["--probe"]:
-        reason = probe(argv[1])
+        broken = probe(argv[1])
+        if broken:
+            print(broken)
+            return 1
     if reason:
         print(reason)
     return 0
