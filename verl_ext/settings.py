@@ -242,6 +242,12 @@ class Settings:
                 f"{where}.full_determinism=true needs seeded sampling, which vLLM's CPU backend cannot do; "
                 f"for a deterministic run on CPU use {where}.name=hf (or run vLLM on GPU).")
         self._check_grouped_attention()
+        if self.prefix_grouper.enabled and self.trainer.trainer_mode != "verl_ext":
+            # verl's own trainers build verl's workers, which never read the key: it would be silently off
+            raise ConfigError(
+                f"{PrefixGrouperSettings.PREFIX}.actor.use_prefix_grouper=true runs in verl_ext's workers, which "
+                f"trainer.v1.trainer_mode={self.trainer.trainer_mode} does not build; set trainer.v1.trainer_mode="
+                "verl_ext (verl's sync trainer with verl_ext's workers) or turn use_prefix_grouper off.")
         if self.rollout.n == 1 and self.prefix_grouper.enabled:
             logger.warning(f"{where}.n=1 with use_prefix_grouper=true: each prompt has one response, so "
                            "there is no prefix to share; the grouped forward computes what the standard one does.")
