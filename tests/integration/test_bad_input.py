@@ -22,6 +22,9 @@ CASES = {
     "no responses per prompt": (["actor_rollout_ref.rollout.n=0"], "actor_rollout_ref.rollout.n=0 is invalid"),
     "bad speculation setting": ([f"{SPEC}.num_draft_tokens=99"], "speculation.num_draft_tokens=99 is invalid"),
     "prefix grouper conflict": (["actor_rollout_ref.model.use_fused_kernels=true"], "use_fused_kernels=true"),
+    # verl's own trainer builds verl's workers, which never read the flag: refused, not silently off
+    "prefix grouper outside verl_ext's trainer": (["trainer.v1.trainer_mode=sync", "~trainer.v1.sampler.poll_interval"],
+                                                  "use_prefix_grouper=true runs in verl_ext's workers"),
     "negative step count": (["trainer.total_training_steps=-3"], "trainer.total_training_steps=-3 is invalid"),
     "no prompts per step": (["data.train_batch_size=0"], "data.train_batch_size=0 is invalid"),
     "unknown key": (["actor_rollout_ref.rollout.nn=3"], "Key 'nn' is not in struct"),
