@@ -34,10 +34,17 @@ def available_recipes() -> list[str]:
 
 
 def check_recipe_name(argv: list[str]) -> None:
-    name = _config_name(argv)
+    """A recipe name must be one of verl_ext's; with --config-path, the user's config must exist there."""
+    name, config_dir = _config_name(argv), _config_dir(argv)
+    if config_dir is not None:
+        if not config_dir.is_dir() or not (config_dir / f"{name or 'config'}.yaml").is_file():
+            raise SystemExit(f"verl_ext: no config '{name or 'config'}.yaml' in --config-path {config_dir}; give the "
+                             "folder of your verl config and its name (--config-name, without .yaml).")
+        return
     if name is not None and name not in available_recipes() and not Path(name).suffix:
         raise SystemExit(
-            f"verl_ext: unknown recipe '{name}'; choose one of {', '.join(available_recipes())} with --config-name."
+            f"verl_ext: unknown recipe '{name}'; choose one of {', '.join(available_recipes())} with --config-name, "
+            "or give your own verl config with --config-path DIR --config-name NAME."
         )
 
 
@@ -49,7 +56,9 @@ def check_before_verl(argv: list[str], default_recipe: str) -> Optional[Settings
     overrides = _job_overrides(argv)
     if overrides is None:
         return None
-    config = _compose_without_verl(_config_name(argv) or default_recipe, overrides)
+    config_dir = _config_dir(argv)
+    config = _compose_without_verl(_config_name(argv) or ("config" if config_dir else default_recipe), overrides,
+                                   config_dir)
     try:
         settings = check_before_data(config)
     except OmegaConfBaseException as error:  # e.g. an interpolation that does not resolve
@@ -64,9 +73,9 @@ def _job_overrides(argv: list[str]) -> Optional[list[str]]:
     for arg in argv:
         if skip_next:
             skip_next = False
-        elif arg in _CONFIG_NAME_FLAGS:
+        elif arg in _CONFIG_NAME_FLAGS + _CONFIG_PATH_FLAGS:
             skip_next = True
-        elif arg.startswith("--config-name="):
+        elif arg.startswith(("--config-name=", "--config-path=")):
             continue
         elif arg.startswith("-") or arg.startswith("hydra.searchpath"):
             return None
@@ -75,17 +84,20 @@ def _job_overrides(argv: list[str]) -> Optional[list[str]]:
     return overrides
 
 
-def _compose_without_verl(recipe: str, overrides: list[str]) -> DictConfig:
-    """The recipe with ``overrides``, its ``pkg://verl.trainer.config`` search path read as files."""
-    from hydra import compose, initialize_config_module
+def _compose_without_verl(recipe: str, overrides: list[str], config_dir: Optional[Path] = None) -> DictConfig:
+    """The recipe (or the user's config in ``config_dir``) with ``overrides``, its ``pkg://verl.trainer.config``
+    search path read as files."""
+    from hydra import compose, initialize_config_dir, initialize_config_module
     from hydra.errors import HydraException
 
     verl = importlib.util.find_spec("verl")  # finds the package without running its __init__
     if verl is None or not verl.submodule_search_locations:
         raise ConfigError(f"verl is not installed in this environment ({sys.prefix}); run make install.")
     verl_config = Path(list(verl.submodule_search_locations)[0]) / "trainer" / "config"
+    source = (initialize_config_dir(str(config_dir), version_base=None) if config_dir is not None
+              else initialize_config_module("verl_ext.recipes", version_base=None))
     try:
-        with initialize_config_module("verl_ext.recipes", version_base=None):
+        with source:
             return compose(recipe, overrides=[f"hydra.searchpath=[file://{verl_config}]", *overrides])
     except (HydraException, OmegaConfBaseException) as error:
         raise ConfigError(_one_line(error)) from None
@@ -143,6 +155,7 @@ def check_rollout_backend(settings: Settings) -> None:
 
 
 _CONFIG_NAME_FLAGS = ("--config-name", "-cn")  # each followed by the name; or --config-name=NAME
+_CONFIG_PATH_FLAGS = ("--config-path", "-cp")  # a user's verl config: its folder (as verl's main_ppo takes it)
 
 
 def _config_name(argv: list[str]):
@@ -151,6 +164,15 @@ def _config_name(argv: list[str]):
             return argv[i + 1]
         if arg.startswith("--config-name="):
             return arg.split("=", 1)[1]
+    return None
+
+
+def _config_dir(argv: list[str]) -> Optional[Path]:
+    for i, arg in enumerate(argv):
+        if arg in _CONFIG_PATH_FLAGS and i + 1 < len(argv):
+            return Path(argv[i + 1]).expanduser().resolve()
+        if arg.startswith("--config-path="):
+            return Path(arg.split("=", 1)[1]).expanduser().resolve()
     return None
 
 
