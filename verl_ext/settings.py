@@ -163,6 +163,8 @@ class PrefixGrouperSettings:
         *(f"{role}.{where}{_ULYSSES}" for role in ("actor", "ref") for where in ("", "fsdp_config.")),
         default_factory=dict)
     use_fused_kernels: bool = _key("model.use_fused_kernels", default=False)
+    # the update's extra outputs the grouped forward does not produce (verl's engine reads them per micro-batch)
+    sum_pi_squared: bool = _key("actor.calculate_sum_pi_squared", default=False)
     pad_to_length: Mapping[str, bool] = _key("actor.fsdp_config.pad_to_length", "ref.fsdp_config.pad_to_length",
                                              default_factory=dict)  # key -> value
     # prompts per update mini-batch (verl's meaning and default): whole groups are placed per mini-batch
@@ -188,6 +190,9 @@ class PrefixGrouperSettings:
         for key, on in self.pad_to_length.items():
             if on:
                 raise ConfigError(f"{flag} does not support {self.PREFIX}.{key}=true; set it to false.")
+        if self.sum_pi_squared:
+            raise ConfigError(f"{flag} does not support {self.PREFIX}.actor.calculate_sum_pi_squared=true (the grouped "
+                              "forward does not compute it); set one of them to false.")
         _check_count(f"{self.PREFIX}.actor.ppo_mini_batch_size", self.mini_batch_size, "(verl's default: 256)")
 
 
@@ -226,12 +231,24 @@ class DataSettings:
 
 
 @dataclass(frozen=True)
+class DistillationSettings:
+    """distillation.*: only whether it is on (the shared-prefix forward does not serve it)."""
+
+    PREFIX: ClassVar[str] = "distillation"
+    enabled: bool = _key("enabled", default=False)
+
+    def __post_init__(self) -> None:
+        _check_bool(f"{self.PREFIX}.enabled", self.enabled)
+
+
+@dataclass(frozen=True)
 class Settings:
     trainer: TrainerSettings
     rollout: RolloutSettings
     prefix_grouper: PrefixGrouperSettings
     extension: ExtensionSettings
     data: DataSettings
+    distillation: DistillationSettings = field(default_factory=lambda: DistillationSettings())
 
     def __post_init__(self) -> None:
         where = RolloutSettings.PREFIX
@@ -248,6 +265,10 @@ class Settings:
                 f"{PrefixGrouperSettings.PREFIX}.actor.use_prefix_grouper=true runs in verl_ext's workers, which "
                 f"trainer.v1.trainer_mode={self.trainer.trainer_mode} does not build; set trainer.v1.trainer_mode="
                 "verl_ext (verl's sync trainer with verl_ext's workers) or turn use_prefix_grouper off.")
+        if self.prefix_grouper.enabled and self.distillation.enabled:
+            # verl's distillation losses read top-k teacher outputs per token that the grouped forward does not make
+            raise ConfigError(f"{PrefixGrouperSettings.PREFIX}.actor.use_prefix_grouper=true does not support "
+                              "distillation (distillation.enabled=true); turn one of them off.")
         if self.rollout.n == 1 and self.prefix_grouper.enabled:
             logger.warning(f"{where}.n=1 with use_prefix_grouper=true: each prompt has one response, so "
                            "there is no prefix to share; the grouped forward computes what the standard one does.")
@@ -273,6 +294,7 @@ def read_settings(config) -> Settings:
         prefix_grouper=read_prefix_grouper(_get(config, PrefixGrouperSettings.PREFIX)),
         extension=read_extension_settings(_get(config, ExtensionSettings.PREFIX)),
         data=_read(DataSettings, _get(config, DataSettings.PREFIX)),
+        distillation=_read(DistillationSettings, _get(config, DistillationSettings.PREFIX)),
     )
 
 

@@ -22,6 +22,9 @@ CASES = {
     "no responses per prompt": (["actor_rollout_ref.rollout.n=0"], "actor_rollout_ref.rollout.n=0 is invalid"),
     "bad speculation setting": ([f"{SPEC}.num_draft_tokens=99"], "speculation.num_draft_tokens=99 is invalid"),
     "prefix grouper conflict": (["actor_rollout_ref.model.use_fused_kernels=true"], "use_fused_kernels=true"),
+    "prefix grouper with distillation": (["distillation.enabled=true"], "does not support distillation"),
+    "prefix grouper with sum of pi squared": (["actor_rollout_ref.actor.calculate_sum_pi_squared=true"],
+                                              "does not support actor_rollout_ref.actor.calculate_sum_pi_squared"),
     # verl's own trainer builds verl's workers, which never read the flag: refused, not silently off
     "prefix grouper outside verl_ext's trainer": (["trainer.v1.trainer_mode=sync", "~trainer.v1.sampler.poll_interval"],
                                                   "use_prefix_grouper=true runs in verl_ext's workers"),
