@@ -11,6 +11,7 @@ from verl_ext.trainer.group_balance import check_mini_batches, update_mini_batch
 def _settings(mini_batch: int = 4, n: int = 8, critic_warmup: int = 0):
     return read_settings(OmegaConf.create({
         "trainer": {"device": "cpu", "critic_warmup": critic_warmup, "v1": {"trainer_mode": "verl_ext"}},
+        "data": {"train_batch_size": 48},  # whole mini-batches of 3 and 4 prompts (refused at start-up otherwise)
         "actor_rollout_ref": {"rollout": {"name": "hf", "n": n},
                               "actor": {"use_prefix_grouper": True, "ppo_mini_batch_size": mini_batch}}}))
 

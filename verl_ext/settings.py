@@ -169,6 +169,8 @@ class PrefixGrouperSettings:
                                              default_factory=dict)  # key -> value
     # prompts per update mini-batch (verl's meaning and default): whole groups are placed per mini-batch
     mini_batch_size: int = _key("actor.ppo_mini_batch_size", default=256)
+    # tokens per micro-batch under use_dynamic_bsz (verl's default)
+    token_budget: int = _key("actor.ppo_max_token_len_per_gpu", default=16384)
 
     def __post_init__(self) -> None:
         flag = f"{self.PREFIX}.actor.use_prefix_grouper"
@@ -225,6 +227,8 @@ class DataSettings:
 
     PREFIX: ClassVar[str] = "data"
     train_batch_size: int = _key("train_batch_size", default=1024)  # prompts per step
+    max_prompt_length: int = _key("max_prompt_length", default=512)
+    max_response_length: int = _key("max_response_length", default=512)
 
     def __post_init__(self) -> None:
         _check_count(f"{self.PREFIX}.train_batch_size", self.train_batch_size, "(prompts per step)")
@@ -265,6 +269,7 @@ class Settings:
                 f"{PrefixGrouperSettings.PREFIX}.actor.use_prefix_grouper=true runs in verl_ext's workers, which "
                 f"trainer.v1.trainer_mode={self.trainer.trainer_mode} does not build; set trainer.v1.trainer_mode="
                 "verl_ext (verl's sync trainer with verl_ext's workers) or turn use_prefix_grouper off.")
+        self._check_batches()
         if self.prefix_grouper.enabled and self.distillation.enabled:
             # verl's distillation losses read top-k teacher outputs per token that the grouped forward does not make
             raise ConfigError(f"{PrefixGrouperSettings.PREFIX}.actor.use_prefix_grouper=true does not support "
@@ -273,6 +278,26 @@ class Settings:
             logger.warning(f"{where}.n=1 with use_prefix_grouper=true: each prompt has one response, so "
                            "there is no prefix to share; the grouped forward computes what the standard one does.")
 
+
+    def _check_batches(self) -> None:
+        """What verl's update would meet after the embedded default is built: a step's prompts that whole
+        mini-batches cannot hold (with the shared prefix each holds whole groups), a token budget below a sample."""
+        actor, grouper, data = f"{PrefixGrouperSettings.PREFIX}.actor", self.prefix_grouper, self.data
+        if grouper.enabled and data.train_batch_size % grouper.mini_batch_size:
+            raise ConfigError(
+                f"data.train_batch_size={data.train_batch_size} prompts do not split into mini-batches of "
+                f"{actor}.ppo_mini_batch_size={grouper.mini_batch_size} (with use_prefix_grouper=true each update "
+                "mini-batch holds whole prompt groups); make train_batch_size a multiple of ppo_mini_batch_size.")
+        # a shared prefix runs a prompt apart from its responses, so each must fit; verl's forward needs both at once
+        longest = (max(data.max_prompt_length, data.max_response_length) if grouper.enabled
+                   else data.max_prompt_length + data.max_response_length)
+        _check_count(f"{actor}.ppo_max_token_len_per_gpu", grouper.token_budget, "(tokens per micro-batch)")
+        if grouper.token_budget < longest:
+            what = "the longer of" if grouper.enabled else "the sum of"
+            raise ConfigError(
+                f"{actor}.ppo_max_token_len_per_gpu={grouper.token_budget} is below {what} data.max_prompt_length="
+                f"{data.max_prompt_length} and data.max_response_length={data.max_response_length} ({longest} "
+                "tokens): a sample would fit no micro-batch; raise it to at least that.")
 
     def _check_grouped_attention(self) -> None:
         """A kernel verl_ext.grouped_attention names that the device cannot run is refused (whether flash-attn is

@@ -25,6 +25,10 @@ CASES = {
     "prefix grouper with distillation": (["distillation.enabled=true"], "does not support distillation"),
     "prefix grouper with sum of pi squared": (["actor_rollout_ref.actor.calculate_sum_pi_squared=true"],
                                               "does not support actor_rollout_ref.actor.calculate_sum_pi_squared"),
+    "mini-batch the step cannot hold": (["actor_rollout_ref.actor.ppo_mini_batch_size=3"],
+                                        "do not split into mini-batches of actor_rollout_ref.actor.ppo_mini_batch_size=3"),
+    "token budget below a sample": (["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8"],
+                                    "ppo_max_token_len_per_gpu=8 is below the longer of"),
     # verl's own trainer builds verl's workers, which never read the flag: refused, not silently off
     "prefix grouper outside verl_ext's trainer": (["trainer.v1.trainer_mode=sync", "~trainer.v1.sampler.poll_interval"],
                                                   "use_prefix_grouper=true runs in verl_ext's workers"),
