@@ -67,3 +67,13 @@ def test_untouched_prefix_backward_adds_nothing():
         backward_prefix(model, SharedPrefix(torch.tensor([0])))
     assert all(p.grad is None or not p.grad.any() for p in model.parameters())
     assert any(p.grad is not None for p in model.parameters())
+
+
+def test_a_part_without_its_prefix_is_refused():
+    # a batch laid out for a prefix apart, run without that prefix's states, would attend to no prompt at all
+    from verl_ext.attention import GroupedAttentionCall, GroupedKernels, build_grouped_batch
+    from verl_ext.attention.groups import GroupPlan, PrefixGroup
+
+    batch = build_grouped_batch(GroupPlan((PrefixGroup((0,), 3, (2,)),), 1), [[5, 6, 7]], [[9, 9]], prefix_apart=True)
+    with pytest.raises(ValueError, match="needs that prefix's states"):
+        GroupedAttentionCall(batch.attention, GroupedKernels())

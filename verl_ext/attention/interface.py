@@ -44,6 +44,10 @@ class GroupedAttentionCall:
     kernels: GroupedKernels  # the backend, chosen once by the caller
     prefix: PrefixStates | None = None  # read (meta.prefix_apart) or recorded into (a pass over a prompt alone)
 
+    def __post_init__(self) -> None:
+        if self.meta.prefix_apart and self.prefix is None:  # its cross part would read no prompt at all
+            raise ValueError("a batch whose prefix ran apart needs that prefix's states (shared_prefix.SharedPrefix)")
+
 
 def grouped_attention_forward(
     module: torch.nn.Module,
