@@ -55,7 +55,8 @@ def assert_same_update(w_on: dict, w_off: dict, start: dict) -> None:
     for name in w_off:
         diff = (w_on[name] - w_off[name]).abs()
         beyond = int((diff > 0.01 * DEMO_LR).sum())
-        assert beyond <= 1e-3 * diff.numel() and diff.max() <= 0.5 * DEMO_LR, \
+        # 0.1% of a tensor, and at least one weight: a bias of 128 has one near-zero gradient now and then
+        assert beyond <= max(1, 1e-3 * diff.numel()) and diff.max() <= 0.5 * DEMO_LR, \
             f"{name}: {beyond} of {diff.numel()} weights differ by more than 1% of a step, at most {diff.max():.3g}"
 
 
