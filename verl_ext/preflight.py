@@ -37,9 +37,12 @@ def check_recipe_name(argv: list[str]) -> None:
     """A recipe name must be one of verl_ext's; with --config-path, the user's config must exist there."""
     name, config_dir = _config_name(argv), _config_dir(argv)
     if config_dir is not None:
-        if not config_dir.is_dir() or not (config_dir / f"{name or 'config'}.yaml").is_file():
-            raise SystemExit(f"verl_ext: no config '{name or 'config'}.yaml' in --config-path {config_dir}; give the "
-                             "folder of your verl config and its name (--config-name, without .yaml).")
+        if name is None:
+            raise SystemExit(f"verl_ext: --config-path {config_dir} needs --config-name, the name of your verl config "
+                             "in it (without .yaml).")
+        if not (config_dir / f"{name}.yaml").is_file():
+            raise SystemExit(f"verl_ext: no config '{name}.yaml' in --config-path {config_dir}; give the folder of "
+                             "your verl config and its name (--config-name, without .yaml).")
         return
     if name is not None and name not in available_recipes() and not Path(name).suffix:
         raise SystemExit(
@@ -57,8 +60,7 @@ def check_before_verl(argv: list[str], default_recipe: str) -> Optional[Settings
     if overrides is None:
         return None
     config_dir = _config_dir(argv)
-    config = _compose_without_verl(_config_name(argv) or ("config" if config_dir else default_recipe), overrides,
-                                   config_dir)
+    config = _compose_without_verl(_config_name(argv) or default_recipe, overrides, config_dir)
     try:
         settings = check_before_data(config)
     except OmegaConfBaseException as error:  # e.g. an interpolation that does not resolve

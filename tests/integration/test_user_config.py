@@ -52,3 +52,9 @@ def test_a_config_that_is_not_there_is_named(config_dir):
     line = _last_line("--config-path", str(config_dir), "--config-name", "not_my_job")
     assert line == f"verl_ext: no config 'not_my_job.yaml' in --config-path {config_dir}; give the folder of your " \
                    "verl config and its name (--config-name, without .yaml)."
+
+
+def test_a_config_path_needs_a_config_name(config_dir):
+    line = _last_line("--config-path", str(config_dir))
+    assert line == f"verl_ext: --config-path {config_dir} needs --config-name, the name of your verl config in it " \
+                   "(without .yaml)."
