@@ -288,6 +288,8 @@ class Settings:
                 f"data.train_batch_size={data.train_batch_size} prompts do not split into mini-batches of "
                 f"{actor}.ppo_mini_batch_size={grouper.mini_batch_size} (with use_prefix_grouper=true each update "
                 "mini-batch holds whole prompt groups); make train_batch_size a multiple of ppo_mini_batch_size.")
+        if not all(isinstance(n, int) for n in (data.max_prompt_length, data.max_response_length)):
+            return  # verl's own check says what these must be
         # a shared prefix runs a prompt apart from its responses, so each must fit; verl's forward needs both at once
         longest = (max(data.max_prompt_length, data.max_response_length) if grouper.enabled
                    else data.max_prompt_length + data.max_response_length)
