@@ -25,6 +25,7 @@ raw config.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Literal, Mapping, Optional, get_args
@@ -48,8 +49,6 @@ class ConfigError(ValueError):
 def grouped_attention_backend() -> GroupedAttention:
     """The backend verl_ext.grouped_attention chose for this process ("auto" when unset): ray_setup exports it to the
     workers as GROUPED_ATTENTION_ENV. Read once, by whoever builds the kernels (workers/grouped_engine.py)."""
-    import os
-
     backend = os.environ.get(GROUPED_ATTENTION_ENV, "auto")
     if backend not in get_args(GroupedAttention):
         raise ConfigError(f"{GROUPED_ATTENTION_ENV}={backend!r} is not a grouped attention backend; "

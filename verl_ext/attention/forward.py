@@ -13,6 +13,7 @@ in place. verl_ext's training engine (workers/grouped_engine.py) lays out verl's
 (workers/grouped_io.py) and calls `grouped_logits`.
 """
 
+import functools
 from collections.abc import Hashable, Sequence
 
 import torch
@@ -23,8 +24,6 @@ from verl_ext.attention.interface import META_KWARG, GroupedAttentionCall, group
 from verl_ext.attention.kernels import GroupedKernels
 from verl_ext.attention.layout import GroupedBatch, Layout, build_grouped_batch
 from verl_ext.attention.prefix_state import PrefixStates
-
-_AUTO: GroupedKernels | None = None  # the kernels of callers that name none, made on first use
 
 
 def prepare_grouped_batch(
@@ -59,8 +58,7 @@ def run_grouped(model: PreTrainedModel, batch: GroupedBatch, kernels: GroupedKer
                      **model_kwargs, **{META_KWARG: call})
 
 
+@functools.cache
 def _default_kernels() -> GroupedKernels:
-    global _AUTO
-    if _AUTO is None:
-        _AUTO = GroupedKernels("auto")
-    return _AUTO
+    """The kernels of callers that name none ("auto"), made on first use."""
+    return GroupedKernels("auto")

@@ -38,6 +38,9 @@ class AttentionOptions:
         return self.window is None and self.softcap is None and self.sinks is None
 
 
+PLAIN = AttentionOptions()  # causal attention with nothing added: the kernels' default
+
+
 def read_options(module: torch.nn.Module, kwargs: dict, known: frozenset[str]) -> AttentionOptions:
     """The options of one call; `known`: the caller's own keywords (taken, not options)."""
     unknown = sorted(set(kwargs) - known - _NEUTRAL - {"sliding_window", "softcap", "s_aux", "is_causal"})

@@ -19,13 +19,12 @@ from verl_ext.attention.kernels.flash import flash_unusable_reason, grouped_flas
 from verl_ext.attention.kernels.flex import FlexAttentionKernel, flex_unusable_reason
 from verl_ext.attention.kernels.sdpa import grouped_sdpa_attention
 from verl_ext.attention.layout import GroupedAttentionMeta
-from verl_ext.attention.options import AttentionOptions
+from verl_ext.attention.options import PLAIN, AttentionOptions
 from verl_ext.settings import GroupedAttention as Backend
 
 logger = logging.getLogger(__name__)
 
 BACKENDS: tuple[str, ...] = get_args(Backend)
-_PLAIN = AttentionOptions()
 
 
 class GroupedKernels:
@@ -51,7 +50,7 @@ class GroupedKernels:
         meta: GroupedAttentionMeta,
         scale: float,
         prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # ([1, Hkv, Lp, D], [1, Hkv, Lp, Dv]): a prefix apart
-        options: AttentionOptions = _PLAIN,  # sliding window, soft-capping, sinks
+        options: AttentionOptions = PLAIN,  # sliding window, soft-capping, sinks
     ) -> torch.Tensor:
         """[B, S, H, Dv]."""
         chosen = self.choose(query, value, prefix_kv, options)

@@ -33,7 +33,7 @@ import weakref
 import torch
 
 from verl_ext.attention.layout import GroupedAttentionMeta
-from verl_ext.attention.options import AttentionOptions
+from verl_ext.attention.options import PLAIN, AttentionOptions
 
 _BUCKET = 256  # stream lengths compile in steps of this many tokens (two of FlexAttention's 128-token blocks)
 
@@ -111,7 +111,7 @@ class FlexAttentionKernel:
 
     def __call__(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: GroupedAttentionMeta,
                  scale: float, prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 options: AttentionOptions = AttentionOptions()) -> torch.Tensor:
+                 options: AttentionOptions = PLAIN) -> torch.Tensor:
         """[B, S, H, Dv] from query [B, H, S, D], key [B, Hkv, S, D] and value [B, Hkv, S, Dv] (GQA: H a multiple of
         Hkv; MLA: Dv may differ from D); prefix_kv ([1, Hkv, Lp, D], [1, Hkv, Lp, Dv]): the prompt a batch with its
         prefix apart reads (its keys come first, so its gradient flows back through the concatenation)."""

@@ -46,9 +46,7 @@ import torch.nn.functional as F
 
 from verl_ext.attention.kernels.merge import merge_by_lse
 from verl_ext.attention.layout import GroupedAttentionMeta
-from verl_ext.attention.options import AttentionOptions
-
-_PLAIN = AttentionOptions()
+from verl_ext.attention.options import PLAIN, AttentionOptions
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -292,7 +290,7 @@ def grouped_sdpa_attention(
     meta: GroupedAttentionMeta,
     scale: float,
     prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # ([1, Hkv, Lp, D], [1, Hkv, Lp, Dv]): a prefix apart
-    options: AttentionOptions = _PLAIN,
+    options: AttentionOptions = PLAIN,
 ) -> torch.Tensor:
     """[B, S, H, Dv] grouped attention output; tokens in no segment (pads) get zeros."""
     b, h, s, _ = query.shape
