@@ -217,6 +217,12 @@ def test_demo_profiles_are_the_builds():
     assert set(get_args(schema.DemoProfile)) == set(PROFILES)
 
 
+def test_the_group_agent_loop_is_named_as_configs_name_it():
+    from verl_ext.workers.agent_loop import GroupAgentLoopManager
+
+    assert schema.GROUP_AGENT_LOOP == f"{GroupAgentLoopManager.__module__}.{GroupAgentLoopManager.__qualname__}"
+
+
 def test_each_field_declares_its_keys():
     for cls in schema.SECTIONS:
         for f in dataclasses.fields(cls):

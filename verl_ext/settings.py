@@ -40,6 +40,8 @@ GroupedAttention = Literal["auto", "flash", "flex", "sdpa"]  # the shared-prefix
 # verl_ext.grouped_attention reaches the training workers as this environment variable (ray_setup.py)
 GROUPED_ATTENTION_ENV = "VERL_EXT_GROUPED_ATTENTION"
 SPECULATION = "actor_rollout_ref.rollout.custom.speculation"
+# the group agent loop's class as configs name it (tests/test_settings_schema.py holds it to the class)
+GROUP_AGENT_LOOP = "verl_ext.workers.agent_loop.GroupAgentLoopManager"
 
 
 class ConfigError(ValueError):
@@ -118,6 +120,7 @@ class RolloutSettings:
     engine_speculative_config: bool = _key("engine_kwargs.vllm.speculative_config", default=False)
     mtp_rollout: bool = _key("mtp.enable", "mtp.enable_rollout", default=False)
     disable_log_stats: bool = _key("disable_log_stats", default=True)
+    agent_loop_manager_class: Optional[str] = _key("agent.agent_loop_manager_class", default=None)
 
     def __post_init__(self) -> None:
         for name in ("full_determinism", "free_cache_engine"):
@@ -262,12 +265,7 @@ class Settings:
                 f"{where}.full_determinism=true needs seeded sampling, which vLLM's CPU backend cannot do; "
                 f"for a deterministic run on CPU use {where}.name=hf (or run vLLM on GPU).")
         self._check_grouped_attention()
-        if self.prefix_grouper.enabled and self.trainer.trainer_mode != "verl_ext":
-            # verl's own trainers build verl's workers, which never read the key: it would be silently off
-            raise ConfigError(
-                f"{PrefixGrouperSettings.PREFIX}.actor.use_prefix_grouper=true runs in verl_ext's workers, which "
-                f"trainer.v1.trainer_mode={self.trainer.trainer_mode} does not build; set trainer.v1.trainer_mode="
-                "verl_ext (verl's sync trainer with verl_ext's workers) or turn use_prefix_grouper off.")
+        self._check_trainer_mode()
         self._check_batches()
         if self.prefix_grouper.enabled and self.distillation.enabled:
             # verl's distillation losses read top-k teacher outputs per token that the grouped forward does not make
@@ -277,6 +275,26 @@ class Settings:
             logger.warning(f"{where}.n=1 with use_prefix_grouper=true: each prompt has one response, so "
                            "there is no prefix to share; the grouped forward computes what the standard one does.")
 
+
+    def _check_trainer_mode(self) -> None:
+        """What runs only with verl_ext's trainer is refused under verl's own trainers: the grouper would be silently
+        off (verl's workers never read it); the group agent loop and speculation, whose checkpointed drafter history
+        and wake-ups that trainer holds, are tested only there."""
+        if self.trainer.trainer_mode == "verl_ext":
+            return
+        rollout = RolloutSettings.PREFIX
+        needs = [key for key, given in (
+            (f"{PrefixGrouperSettings.PREFIX}.actor.use_prefix_grouper=true", self.prefix_grouper.enabled),
+            (f"{rollout}.agent.agent_loop_manager_class={GROUP_AGENT_LOOP}",
+             self.rollout.agent_loop_manager_class == GROUP_AGENT_LOOP),
+            (f"{SPECULATION}.method={self.rollout.speculation and self.rollout.speculation.method}",
+             self.rollout.speculation is not None)) if given]
+        if needs:
+            raise ConfigError(
+                f"{', '.join(needs)}: {'it runs' if len(needs) == 1 else 'they run'} only in verl_ext's trainer, which "
+                f"trainer.v1.trainer_mode={self.trainer.trainer_mode} does not build; set trainer.v1.trainer_mode="
+                "verl_ext (verl's sync trainer with verl_ext's workers) or turn "
+                f"{'it' if len(needs) == 1 else 'them'} off.")
 
     def _check_batches(self) -> None:
         """What verl's update would meet after the embedded default is built: a step's prompts that whole

@@ -11,7 +11,14 @@ import subprocess
 import pytest
 from verl_ext_testing import REPO, main_command
 
+from verl_ext.settings import GROUP_AGENT_LOOP
+
 SPEC = "actor_rollout_ref.rollout.custom.speculation"
+# verl's own sync trainer, which builds verl's workers; and the embedded default with one acceleration off each
+VERL_SYNC = ["trainer.v1.trainer_mode=sync", "~trainer.v1.sampler.poll_interval"]
+NO_GROUPER = ["actor_rollout_ref.actor.use_prefix_grouper=false"]
+NO_AGENT_LOOP = ["actor_rollout_ref.rollout.agent.agent_loop_manager_class=null"]
+NO_SPECULATION = [f"{SPEC}.method=none"]
 CASES = {
     "unknown recipe": (["--config-name", "no_such_recipe"], "unknown recipe 'no_such_recipe'"),
     "cuda without a GPU": (["trainer.device=cuda"], "trainer.device=cuda but no CUDA GPU"),
@@ -30,8 +37,13 @@ CASES = {
     "token budget below a sample": (["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8"],
                                     "ppo_max_token_len_per_gpu=8 is below the longer of"),
     # verl's own trainer builds verl's workers, which never read the flag: refused, not silently off
-    "prefix grouper outside verl_ext's trainer": (["trainer.v1.trainer_mode=sync", "~trainer.v1.sampler.poll_interval"],
-                                                  "use_prefix_grouper=true runs in verl_ext's workers"),
+    "prefix grouper outside verl_ext's trainer": ([*VERL_SYNC, *NO_AGENT_LOOP, *NO_SPECULATION],
+                                                  "use_prefix_grouper=true: it runs only in verl_ext's trainer"),
+    "group agent loop outside verl_ext's trainer": ([*VERL_SYNC, *NO_GROUPER, *NO_SPECULATION],
+                                                    f"agent_loop_manager_class={GROUP_AGENT_LOOP}: it runs only in"),
+    "speculation outside verl_ext's trainer": ([*VERL_SYNC, *NO_GROUPER, *NO_AGENT_LOOP],
+                                               "speculation.method=ngram_rl: it runs only in verl_ext's trainer"),
+    "all three outside verl_ext's trainer": (VERL_SYNC, "use_prefix_grouper=true, actor_rollout_ref.rollout.agent."),
     "negative step count": (["trainer.total_training_steps=-3"], "trainer.total_training_steps=-3 is invalid"),
     "no prompts per step": (["data.train_batch_size=0"], "data.train_batch_size=0 is invalid"),
     "unknown key": (["actor_rollout_ref.rollout.nn=3"], "Key 'nn' is not in struct"),
