@@ -14,9 +14,13 @@ What this touches, and why models that do not opt in are unaffected:
   untouched: `XForCausalLM.forward -> XModel.forward -> XDecoderLayer ->
   XAttention -> attention_interface(module, q, k, v, mask, ..., **kwargs)` (Qwen2, Qwen3 and Llama
   in 5.10.4). Without it the function raises rather than compute some other attention.
-- Each layer is computed by its kind (kinds/): the inspector maps the module onto one, once.
+- Each layer is computed by its kind (kinds/): the inspector maps the module onto one, once. A mixer (a layer with a
+  state along positions: linear attention, short convolutions) has no attention call: its module's forward is
+  wrapped, once per model, to run grouped while its decoder layer is called with a `GroupedAttentionCall`, and as
+  its own otherwise.
 """
 
+import functools
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,8 +30,9 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 
 from verl_ext.attention.kernels import GroupedKernels
-from verl_ext.attention.kinds import REFUSAL_FIX, SERVED_KINDS, LayerCall, kind_of, where
-from verl_ext.attention.layer_kinds import UnsupportedLayer, check_model
+from verl_ext.attention.kinds import MIXERS, REFUSAL_FIX, SERVED_KINDS, LayerCall, MixerCall, MixerKind, kind_of, \
+    mixer_of, where
+from verl_ext.attention.layer_kinds import UnsupportedLayer, check_model, module_kind
 from verl_ext.attention.layout import GroupedAttentionMeta
 from verl_ext.attention.options import read_options
 from verl_ext.attention.prefix_state import PrefixStates
@@ -90,10 +95,54 @@ _checked_models: "weakref.WeakSet[PreTrainedModel]" = weakref.WeakSet()  # one t
 
 
 def check_grouped_model(model: PreTrainedModel) -> None:
-    """Refuse, in one line, a model with a layer the grouped forward does not implement (once per model)."""
+    """Refuse, in one line, a model with a layer the grouped forward does not implement; install its mixers' grouped
+    forwards (once per model)."""
     if model not in _checked_models:
-        check_model(model, SERVED_KINDS, "actor.use_prefix_grouper=true: the grouped forward", REFUSAL_FIX)
+        consumer = "actor.use_prefix_grouper=true: the grouped forward"
+        check_model(model, SERVED_KINDS, consumer, REFUSAL_FIX)
+        mixers = _mixers(model, consumer)
+        for parent, children in mixers.items():
+            parent.register_forward_pre_hook(functools.partial(_hand_call_to, children), with_kwargs=True)
+        for children in mixers.values():
+            for module, kind in children:
+                module.forward = functools.partial(_mixer_forward, module, kind, module.forward)
         _checked_models.add(model)
+
+
+# ---- mixers: layers with a state along positions, which have no attention call --------------------------------
+
+# mixer module -> the GroupedAttentionCall its decoder layer was called with (None outside a grouped forward). The
+# layer's pre-hook sets it on every call, the recompute of activation checkpointing included: some mixers (LFM2's)
+# are not passed the layer's keyword arguments.
+_mixer_calls: "weakref.WeakKeyDictionary[torch.nn.Module, GroupedAttentionCall | None]" = weakref.WeakKeyDictionary()
+
+
+def _mixers(model: PreTrainedModel, consumer: str) -> dict[torch.nn.Module, list[tuple[torch.nn.Module, MixerKind]]]:
+    """decoder layer -> its mixers and their kinds; a mixer of a served kind whose class no kind implements is
+    refused."""
+    modules = dict(model.named_modules())
+    found: dict[torch.nn.Module, list] = {}
+    for name, module in modules.items():
+        if module_kind(module) not in MIXERS or isinstance(module, torch.nn.modules.conv._ConvNd):
+            continue
+        kind = mixer_of(module)
+        if kind is None:
+            raise UnsupportedLayer(f"{consumer} does not implement {module_kind(module).replace('_', '-')} layers of "
+                                   f"class {type(module).__name__} ({where(module)}, module {name}); {REFUSAL_FIX}")
+        found.setdefault(modules[name.rpartition(".")[0]], []).append((module, kind))
+    return found
+
+
+def _hand_call_to(children, layer, args, kwargs) -> None:
+    for module, _ in children:
+        _mixer_calls[module] = kwargs.get(META_KWARG)
+
+
+def _mixer_forward(module, kind: MixerKind, forward, *args, **kwargs):
+    call = _mixer_calls.get(module)
+    if call is None:  # outside a grouped forward: the module's own
+        return forward(*args, **kwargs)
+    return kind.forward(MixerCall(module, call.meta, call.prefix), forward, args, kwargs)
 
 
 @contextmanager

@@ -25,6 +25,9 @@ import torch
 ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention", "mla"})
 _KINDS = ATTENTION_KINDS | {"linear_attention", "convolution", "state_space", "chunked_attention", "vision_tower"}
 
+# kinds of layers that carry a state along positions (a module of one of them is a mixer: its parts are its own)
+_MIXER_KINDS = frozenset({"linear_attention", "convolution", "state_space"})
+
 # layer_types entries (transformers' configs) -> kind
 _LAYER_TYPES = {
     "full_attention": "full_attention",
@@ -148,9 +151,13 @@ def _is_mla(config) -> bool:
 def module_layer_kinds(model: torch.nn.Module) -> list[tuple[str, str]]:
     """(kind, where) of every attention and position-mixing module; a module of no known kind is `unknown (Class)`
     (see the module docstring)."""
-    kinds = []
+    kinds, mixers = [], []
     for name, module in model.named_modules():
+        if any(name.startswith(f"{mixer}.") for mixer in mixers):
+            continue  # a mixer's own parts (a linear-attention layer's convolution) are the mixer's
         kind = module_kind(module)
+        if kind in _MIXER_KINDS and not isinstance(module, torch.nn.modules.conv._ConvNd):
+            mixers.append(name)
         if kind == "unknown":
             kind = f"unknown ({_class_name(module)})"
         if kind != "positionwise":

@@ -66,6 +66,21 @@ class VarlenSegments:
 
 
 @dataclass(frozen=True)
+class RecurrentSegments:
+    """The stream's sequences for layers that carry a state along positions (kinds/linear.py, kinds/short_conv.py):
+    each prompt starts from nothing, each response from its group's prompt's end (the prompt apart's state when
+    `prefix_apart`). A run is `len` tokens from flat index `start`."""
+
+    prompt_start: torch.Tensor  # [n_groups]
+    prompt_len: torch.Tensor  # [n_groups] (0 for a prompt apart)
+    response_start: torch.Tensor  # [n_live] non-empty responses, stream order
+    response_len: torch.Tensor  # [n_live]
+    response_group: torch.Tensor  # [n_live] the group (prompt row) each response continues
+    max_prompt: int
+    max_response: int
+
+
+@dataclass(frozen=True)
 class GroupedAttentionMeta:
     """Who attends to whom in a grouped batch; travels to every attention layer."""
 
@@ -75,6 +90,7 @@ class GroupedAttentionMeta:
     positions: torch.Tensor  # [num_tokens] each token's position in its own sample (pads 0): sliding windows count these
     dense: DenseSegments
     varlen: VarlenSegments
+    recurrent: RecurrentSegments
     prefix_apart: bool = False  # one group's responses, whose prompt ran apart: the cross part reads its keys/values
 
 
@@ -210,6 +226,16 @@ def _varlen(s: _Spans) -> VarlenSegments:
     )
 
 
+def _recurrent(s: _Spans) -> RecurrentSegments:
+    live = s.resp_len > 0
+    return RecurrentSegments(
+        prompt_start=_long(s.prefix_start), prompt_len=_long(s.prefix_len),
+        response_start=_long(s.resp_start[live]), response_len=_long(s.resp_len[live]),
+        response_group=_long(s.resp_group[live]),
+        max_prompt=int(s.prefix_len.max()), max_response=int(s.resp_len.max(initial=0)),
+    )  # fmt: skip
+
+
 def _attention_meta(s: _Spans, positions: np.ndarray, prefix_apart: bool) -> GroupedAttentionMeta:
     live = s.resp_len > 0
     return GroupedAttentionMeta(
@@ -219,6 +245,7 @@ def _attention_meta(s: _Spans, positions: np.ndarray, prefix_apart: bool) -> Gro
         positions=_long(positions),
         dense=_dense(s),
         varlen=_varlen(s),
+        recurrent=_recurrent(s),
         prefix_apart=prefix_apart,
     )
 

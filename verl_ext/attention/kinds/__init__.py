@@ -1,4 +1,5 @@
-"""The layer kinds the grouped forward serves, one module each (base.py: the contract they keep).
+"""The layer kinds the grouped forward serves, one module each (base.py: the contracts they keep): attention kinds,
+called through transformers' attention interface, and mixer kinds, whose modules run grouped themselves.
 
 The inspector (layer_kinds.py) maps a model's layers onto kinds; a layer whose kind is not here is refused at
 start-up and before the model's first grouped forward. Serving a new family is mapping its layers onto a kind
@@ -9,15 +10,19 @@ import weakref
 
 import torch
 
-from verl_ext.attention.kinds.base import REFUSAL_FIX, AttentionKind, LayerCall, where
+from verl_ext.attention.kinds.base import REFUSAL_FIX, AttentionKind, LayerCall, MixerCall, MixerKind, where
 from verl_ext.attention.kinds.full import FullAttention
+from verl_ext.attention.kinds.linear import GatedDeltaNet
 from verl_ext.attention.kinds.mla import MultiHeadLatentAttention
+from verl_ext.attention.kinds.short_conv import ShortConvolution
 from verl_ext.attention.kinds.sliding import SlidingWindowAttention
 from verl_ext.attention.layer_kinds import UnsupportedLayer, module_kind
 
 SERVED: dict[str, AttentionKind] = {kind.name: kind for kind in (FullAttention(), SlidingWindowAttention(),
                                                                   MultiHeadLatentAttention())}
-SERVED_KINDS = frozenset(SERVED)
+# layers with a state along positions, each served for the classes its kind implements (`MixerKind.serves`)
+MIXERS: dict[str, MixerKind] = {kind.name: kind for kind in (GatedDeltaNet(), ShortConvolution())}
+SERVED_KINDS = frozenset(SERVED) | frozenset(MIXERS)
 
 # module -> its kind, once per module (the inspector reads class sources): one training thread fills it
 _kind_of: "weakref.WeakKeyDictionary[torch.nn.Module, AttentionKind]" = weakref.WeakKeyDictionary()
@@ -35,4 +40,11 @@ def kind_of(module: torch.nn.Module) -> AttentionKind:
     return kind
 
 
-__all__ = ["REFUSAL_FIX", "SERVED", "SERVED_KINDS", "AttentionKind", "LayerCall", "kind_of", "where"]
+def mixer_of(module: torch.nn.Module) -> MixerKind | None:
+    """The kind that runs `module` grouped, if it is a mixer of a served kind whose class that kind implements."""
+    kind = MIXERS.get(module_kind(module))
+    return kind if kind is not None and kind.serves(module) else None
+
+
+__all__ = ["MIXERS", "REFUSAL_FIX", "SERVED", "SERVED_KINDS", "AttentionKind", "LayerCall", "MixerCall", "MixerKind",
+           "kind_of", "mixer_of", "where"]

@@ -1,13 +1,24 @@
-"""The contract every attention layer kind keeps in the grouped forward (kinds/full.py, sliding.py, mla.py):
+"""The contracts the layer kinds keep in the grouped forward.
+
+An attention kind (kinds/full.py, sliding.py, mla.py), called through transformers' attention interface:
 
     whole groups     grouped attention over the stream: a prompt's rows causal over the prompt, each response's
                      rows over the whole prompt, then causal over itself, never over a sibling
     a prefix apart   (shared_prefix.py) a part's responses attend to the prefix's state, then to themselves
     a prefix holds   the layer's keys [1, Hkv, Lp, D] and values [1, Hkv, Lp, Dv]
 
+A mixer kind (kinds/linear.py, short_conv.py): a layer that carries a state along positions and has no attention
+call; its module's forward runs grouped while a grouped forward reaches it (interface.py installs it):
+
+    whole groups     every prompt from an empty state, every response from its own prompt's end state
+    a prefix apart   the part's responses start from the prefix's state
+    a prefix holds   the layer's state at the prompt's end (a convolution's last inputs, a recurrent state)
+
 A kind checks that a call is one it serves and refuses, in one line, one it does not: computed some other way, the
 call would be silently wrong.
 """
+
+from collections.abc import Callable
 
 from dataclasses import dataclass
 
@@ -81,3 +92,39 @@ class AttentionKind:
         elif call.prefix is not None:
             call.prefix.record(call.layer, (call.key, call.value))
         return call.kernels(call.query, call.key, call.value, call.meta, call.scale, prefix_kv, call.options)
+
+
+@dataclass(frozen=True, eq=False)
+class MixerCall:
+    """One mixer layer's call inside a grouped forward."""
+
+    module: torch.nn.Module
+    meta: GroupedAttentionMeta
+    prefix: PrefixStates | None  # read (meta.prefix_apart) or recorded into (a pass over a prompt alone)
+
+    @property
+    def layer(self) -> int:
+        return self.module.layer_idx
+
+    def state(self, part: str, compute: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+        """This layer's `part` of the prefix's state: read when the prompt ran apart; else recorded from `compute()`
+        in a pass over a prompt alone (None: nothing to read)."""
+        if self.prefix is None:
+            return None
+        if self.meta.prefix_apart:
+            return self.prefix.read((self.layer, part))[0]
+        self.prefix.record((self.layer, part), (compute(),))
+        return None
+
+
+class MixerKind:
+    """A mixer layer kind: `serves` says whether it implements a module's class; `forward` runs the module grouped
+    (`forward`: the module's own forward, which a kind may call with its kernels swapped for grouped ones)."""
+
+    name: str
+
+    def serves(self, module: torch.nn.Module) -> bool:
+        raise NotImplementedError
+
+    def forward(self, call: MixerCall, forward: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
+        raise NotImplementedError
