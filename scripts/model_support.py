@@ -35,9 +35,10 @@ prompts; hybrid families with each of their layer kinds) and either
 - **not built**: no tiny config of the family runs here (the reason is shown); such a model is still inspected at
   start-up and refused if a layer kind is not served.
 
-The grouped forward serves full attention, sliding-window attention (with attention sinks and soft-capping) and
-MLA (value heads of another size). Linear attention, convolutions, state-space (Mamba) layers, chunked attention,
-vision towers and any module of unknown kind are refused.
+The grouped forward serves full attention, sliding-window attention (with attention sinks and soft-capping), MLA
+(value heads of another size), Gated DeltaNet linear attention (Qwen3.5, Qwen3-Next) and LFM2's short
+convolutions (each response starts from its prompt's state). Other linear attention (MiniMax's lightning),
+state-space (Mamba) layers, chunked attention, vision towers and any module of unknown kind are refused.
 
 | family | layer kinds | verdict | detail |
 |---|---|---|---|

@@ -23,27 +23,27 @@ _HF_ROLLOUT = ("actor_rollout_ref.rollout.name=hf: the HF rollout engine",  # ro
 
 def check_model_layers(config: DictConfig, settings: Settings, path: str) -> None:
     """Refuse a model whose layers the enabled consumers do not serve (`path`: a model directory or hub id)."""
-    consumers = []
-    if settings.prefix_grouper.enabled:
-        consumers.append(_GROUPED)
-    if settings.rollout.name == "hf":
-        consumers.append(_HF_ROLLOUT)
-    if not consumers:
+    grouped, hf_rollout = settings.prefix_grouper.enabled, settings.rollout.name == "hf"
+    if not (grouped or hf_rollout):
         return
+    from verl_ext.attention.kinds import SERVED_KINDS, check_served
     from verl_ext.attention.layer_kinds import ATTENTION_KINDS, UnsupportedLayer, check_config, check_model
 
     model_config = _model_config(config, path)
     if model_config is None:
         return
-    if settings.prefix_grouper.enabled:
+    if grouped:
         _check_attention_dropout(model_config)
     try:
-        for consumer, fix in consumers:
-            check_config(model_config, ATTENTION_KINDS, consumer, fix)
         model = _meta_model(model_config, _trust_remote_code(config))
-        for consumer, fix in consumers:
+        if grouped:  # the config's kinds, then the modules': their kinds and each mixer's class
+            check_config(model_config, SERVED_KINDS, *_GROUPED)
             if model is not None:
-                check_model(model, ATTENTION_KINDS, consumer, fix)
+                check_served(model, *_GROUPED)
+        if hf_rollout:
+            check_config(model_config, ATTENTION_KINDS, *_HF_ROLLOUT)
+            if model is not None:
+                check_model(model, ATTENTION_KINDS, *_HF_ROLLOUT)
     except UnsupportedLayer as error:
         raise ConfigError(str(error)) from None
 

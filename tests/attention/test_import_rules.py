@@ -20,10 +20,10 @@ ROOT = Path(verl_ext.attention.__file__).parent
 LAYERS = [
     {"groups", "layer_kinds", "prefix_state", "kernels.merge"},
     {"layout", "options"},
-    {"kernels.sdpa", "kernels.flex", "kernels.flash"},
+    {"kernels.sdpa", "kernels.flex", "kernels.flash", "kernels.recurrent"},
     {"kernels"},
     {"kinds.base"},
-    {"kinds.full", "kinds.sliding", "kinds.mla"},
+    {"kinds.full", "kinds.sliding", "kinds.mla", "kinds.linear", "kinds.short_conv"},
     {"kinds"},
     {"interface"},
     {"forward"},

@@ -4,12 +4,12 @@ import pytest
 import torch
 from family_check import build
 
-from verl_ext.attention.interface import REFUSAL_FIX, SERVED_KINDS
-from verl_ext.attention.layer_kinds import UnsupportedLayer, check_model, module_layer_kinds
+from verl_ext.attention.kinds import REFUSAL_FIX, check_served
+from verl_ext.attention.layer_kinds import UnsupportedLayer, module_layer_kinds
 
 
 def _check(model):
-    check_model(model, SERVED_KINDS, "the grouped forward", REFUSAL_FIX)
+    check_served(model, "the grouped forward")
 
 
 def _with_child(model, name: str, child: torch.nn.Module):

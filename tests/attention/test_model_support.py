@@ -24,8 +24,8 @@ REPRESENTATIVES = {
     "gemma2": "sliding and full layers, soft-capped scores",
     "gpt_oss": "sliding and full layers, attention sinks, MoE",
     "deepseek_v3": "MLA: value heads of another size, MoE",
-    "qwen3_5_text": "refused: Gated DeltaNet linear attention beside full attention",
-    "lfm2": "refused: short convolutions beside full attention",
+    "qwen3_5_text": "Gated DeltaNet linear attention beside full attention",
+    "lfm2": "short convolutions beside full attention",
     "falcon_h1": "refused: Mamba beside attention in every layer",
     "minimax": "refused: lightning attention beside full attention",
 }

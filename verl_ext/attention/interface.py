@@ -30,9 +30,9 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 
 from verl_ext.attention.kernels import GroupedKernels
-from verl_ext.attention.kinds import MIXERS, REFUSAL_FIX, SERVED_KINDS, LayerCall, MixerCall, MixerKind, kind_of, \
-    mixer_of, where
-from verl_ext.attention.layer_kinds import UnsupportedLayer, check_model, module_kind
+from verl_ext.attention.kinds import REFUSAL_FIX, LayerCall, MixerCall, MixerKind, check_served, kind_of, served_mixers, \
+    where
+from verl_ext.attention.layer_kinds import UnsupportedLayer
 from verl_ext.attention.layout import GroupedAttentionMeta
 from verl_ext.attention.options import read_options
 from verl_ext.attention.prefix_state import PrefixStates
@@ -94,18 +94,21 @@ def register() -> None:
 _checked_models: "weakref.WeakSet[PreTrainedModel]" = weakref.WeakSet()  # one training thread adds (no lock)
 
 
+GROUPED_FORWARD = "actor.use_prefix_grouper=true: the grouped forward"  # who refuses, in the one line
+
+
 def check_grouped_model(model: PreTrainedModel) -> None:
     """Refuse, in one line, a model with a layer the grouped forward does not implement; install its mixers' grouped
     forwards (once per model)."""
     if model not in _checked_models:
-        consumer = "actor.use_prefix_grouper=true: the grouped forward"
-        check_model(model, SERVED_KINDS, consumer, REFUSAL_FIX)
-        mixers = _mixers(model, consumer)
-        for parent, children in mixers.items():
-            parent.register_forward_pre_hook(functools.partial(_hand_call_to, children), with_kwargs=True)
-        for children in mixers.values():
-            for module, kind in children:
-                module.forward = functools.partial(_mixer_forward, module, kind, module.forward)
+        check_served(model, GROUPED_FORWARD)
+        modules = dict(model.named_modules())
+        layers: dict[torch.nn.Module, list] = {}  # decoder layer -> its mixers
+        for name, module, kind in served_mixers(model, GROUPED_FORWARD):
+            layers.setdefault(modules[name.rpartition(".")[0]], []).append(module)
+            module.forward = functools.partial(_mixer_forward, module, kind, module.forward)
+        for layer, mixers in layers.items():
+            layer.register_forward_pre_hook(functools.partial(_hand_call_to, mixers), with_kwargs=True)
         _checked_models.add(model)
 
 
@@ -117,24 +120,8 @@ def check_grouped_model(model: PreTrainedModel) -> None:
 _mixer_calls: "weakref.WeakKeyDictionary[torch.nn.Module, GroupedAttentionCall | None]" = weakref.WeakKeyDictionary()
 
 
-def _mixers(model: PreTrainedModel, consumer: str) -> dict[torch.nn.Module, list[tuple[torch.nn.Module, MixerKind]]]:
-    """decoder layer -> its mixers and their kinds; a mixer of a served kind whose class no kind implements is
-    refused."""
-    modules = dict(model.named_modules())
-    found: dict[torch.nn.Module, list] = {}
-    for name, module in modules.items():
-        if module_kind(module) not in MIXERS or isinstance(module, torch.nn.modules.conv._ConvNd):
-            continue
-        kind = mixer_of(module)
-        if kind is None:
-            raise UnsupportedLayer(f"{consumer} does not implement {module_kind(module).replace('_', '-')} layers of "
-                                   f"class {type(module).__name__} ({where(module)}, module {name}); {REFUSAL_FIX}")
-        found.setdefault(modules[name.rpartition(".")[0]], []).append((module, kind))
-    return found
-
-
-def _hand_call_to(children, layer, args, kwargs) -> None:
-    for module, _ in children:
+def _hand_call_to(mixers, layer, args, kwargs) -> None:
+    for module in mixers:
         _mixer_calls[module] = kwargs.get(META_KWARG)
 
 

@@ -16,10 +16,15 @@ the cross part's keys come from; and the gradient of a prompt parameter is the s
 (Prefix Grouper, Lemma 2.1), which the leaves collect in pieces and the one prefix backward applies.
 The logits at the prompt's last position predict every response's first token; they are a leaf too.
 
-Memory held between micro-batches, for the one group whose parts are running (L layers, Lp prompt
-tokens, Hkv key/value heads of size D, b bytes per element, V vocabulary):
-    forward only   2 L Lp Hkv D b + V b                       (keys, values, last logits)
-    training       2 (2 L Lp Hkv D b + V b)                   (the same and their gradients)
+Memory held between micro-batches, for the one group whose parts are running (La attention layers, Lp
+prompt tokens, Hkv key/value heads of size D, b bytes per element, V vocabulary; Ls layers with a state along
+positions, each a convolution of kernel k over C channels and, for linear attention, a recurrent state of Hv
+heads [Dk, Dv] in s bytes per element, fp32 in the kernels: s = 4):
+    forward only   P = 2 La Lp Hkv D b + Ls ((k - 1) C b + Hv Dk Dv s) + V b
+                   (keys, values; convolution tails, recurrent states; last logits)
+    training       2 P                                        (the same and their gradients)
+A linear-attention layer's state does not grow with the prompt: on a hybrid model the held memory is the
+attention layers' part plus a constant (benchmarks/prefix_grouper.py prints both).
 The prefix's activations are not kept between micro-batches: backward_prefix recomputes them (one
 more forward over Lp tokens), so the peak is that of one micro-batch plus the above, not of two.
 """

@@ -16,7 +16,7 @@ from verl_ext.attention.kinds.linear import GatedDeltaNet
 from verl_ext.attention.kinds.mla import MultiHeadLatentAttention
 from verl_ext.attention.kinds.short_conv import ShortConvolution
 from verl_ext.attention.kinds.sliding import SlidingWindowAttention
-from verl_ext.attention.layer_kinds import UnsupportedLayer, module_kind
+from verl_ext.attention.layer_kinds import UnsupportedLayer, check_model, module_kind
 
 SERVED: dict[str, AttentionKind] = {kind.name: kind for kind in (FullAttention(), SlidingWindowAttention(),
                                                                   MultiHeadLatentAttention())}
@@ -40,11 +40,30 @@ def kind_of(module: torch.nn.Module) -> AttentionKind:
     return kind
 
 
-def mixer_of(module: torch.nn.Module) -> MixerKind | None:
-    """The kind that runs `module` grouped, if it is a mixer of a served kind whose class that kind implements."""
-    kind = MIXERS.get(module_kind(module))
-    return kind if kind is not None and kind.serves(module) else None
+def served_mixers(model: torch.nn.Module, consumer: str, fix: str = REFUSAL_FIX) -> list[tuple[str, torch.nn.Module, MixerKind]]:
+    """(name, module, kind) of every mixer of the model (a module of a mixer kind, its own parts aside); one whose
+    class its kind does not implement (MiniMax's lightning attention, a bare convolution) is refused in one line."""
+    found = []
+    for name, module in model.named_modules():
+        if any(name.startswith(f"{outer}.") for outer, _, _ in found):
+            continue  # a linear-attention layer's own convolution
+        label = module_kind(module)
+        if label not in MIXERS:
+            continue
+        kind = MIXERS[label]
+        if not kind.serves(module):
+            model_type = getattr(getattr(model, "config", None), "model_type", "the model")
+            raise UnsupportedLayer(f"{consumer} does not implement {label.replace('_', '-')} layers of class "
+                                   f"{type(module).__name__} ({model_type}, module {name}); {fix}")
+        found.append((name, module, kind))
+    return found
+
+
+def check_served(model: torch.nn.Module, consumer: str, fix: str = REFUSAL_FIX) -> None:
+    """Refuse, in one line, a model with a layer kind, or a mixer class, the grouped forward does not implement."""
+    check_model(model, SERVED_KINDS, consumer, fix)
+    served_mixers(model, consumer, fix)
 
 
 __all__ = ["MIXERS", "REFUSAL_FIX", "SERVED", "SERVED_KINDS", "AttentionKind", "LayerCall", "MixerCall", "MixerKind",
-           "kind_of", "mixer_of", "where"]
+           "check_served", "kind_of", "served_mixers", "where"]
