@@ -20,6 +20,28 @@ FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 
 Groups = Sequence[tuple[str, int, Sequence[int]]]  # (uid, prompt_len, response_lens) per group
 
+# A uid whose prompts differ ("b" twice: split), a group of one ("c"), empty responses, another uid with
+# group "a"'s prompt ("d", not merged: different uid), a group larger than a fixed micro-batch ("a").
+GROUPS = [("a", 24, [5, 7, 3, 6, 1]), ("b", 9, [4, 0, 6]), ("c", 1, [3]), ("b", 5, [2, 0]), ("d", 24, [2])]
+N = 12
+MIXED_TEMPERATURES = [0.7, 1.3, 0.7, 0.7, 1.3] + [0.7] * 7  # group "a" drawn at two temperatures
+
+FIXED = dict(use_dynamic_bsz=False, micro_batch_size_per_gpu=4)
+DYNAMIC = dict(use_dynamic_bsz=True, max_token_len_per_gpu=60)
+
+# Groups too large for one micro-batch: the prompt runs once apart, the responses in parts that read it.
+# At 26 tokens: "a" in 8 parts of 2 responses, "b" in 2, "d" (prompt + response 28 > 26) in 1, "c" whole;
+# at 3 samples: "a" in 6 parts, "b" in 2.
+LONG_GROUPS = [("a", 24, [12] * 16), ("b", 20, [10, 3, 12, 5]), ("c", 8, [4, 6]), ("d", 26, [2, 1])]
+SPLIT_DYNAMIC = dict(use_dynamic_bsz=True, max_token_len_per_gpu=26)
+SPLIT_FIXED = dict(use_dynamic_bsz=False, micro_batch_size_per_gpu=3)
+
+
+def standard_batching(batching: dict) -> dict:
+    """verl's own engine refuses a budget below its longest sample (36 tokens): it runs at 40 (the loss is
+    normalised over the whole batch, so its micro-batches do not change the result)."""
+    return {**batching, "max_token_len_per_gpu": 40} if batching["use_dynamic_bsz"] else batching
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -27,24 +49,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def tiny_model_dir(path: Path) -> Path:
-    """A 2-layer Qwen2 (GQA) and a word-level tokenizer over VOCAB tokens, saved as an HF model directory."""
+def tiny_model_dir(path: Path, hybrid: bool = False) -> Path:
+    """A 2-layer Qwen2 (GQA), or with `hybrid` a 4-layer Qwen3.5 text model (three Gated DeltaNet layers to one
+    full attention), and a word-level tokenizer over VOCAB tokens, saved as an HF model directory."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen3_5TextConfig
 
     words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t1"))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     specials = dict(pad_token="t0", unk_token="t1", eos_token="t2", bos_token="t3")
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, **specials)
     tokenizer.save_pretrained(path)
-    config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    common = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=False,
         initializer_range=0.2,  # the default 0.02 gives near-uniform attention, a weak test of the mask
         pad_token_id=0, eos_token_id=2, bos_token_id=3,
     )  # fmt: skip
+    if hybrid:
+        config = Qwen3_5TextConfig(**common, num_hidden_layers=4, head_dim=16, linear_num_key_heads=2,
+                                   linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                                   layer_types=["linear_attention"] * 3 + ["full_attention"])
+    else:
+        config = Qwen2Config(**common, num_hidden_layers=2)
     torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(path)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
     return path
 
 
@@ -174,18 +203,23 @@ def engine_result(worker, make_batch, **batching) -> EngineResult:
     return EngineResult(log_probs, entropy, grads, output["metrics"])
 
 
-def violations(got: EngineResult, ref: EngineResult) -> list[str]:
+def violations(got: EngineResult, ref: EngineResult, rel: float = 1e-5) -> list[str]:
     """Tensors whose max|a - b| / max|b| exceeds 1e-5 (fp32; verl's engine has no fp64), the gradients' denominator
     floored as in tests/attention: attention_testing.violations, which both compare with."""
     from attention_testing import violations as model_level_violations
 
-    return model_level_violations(got, ref, torch.float32)
+    return model_level_violations(got, ref, torch.float32, rel)
 
 
 def init_single_process_group() -> None:
-    """A one-rank gloo group and the env verl's Worker reads, unless a group exists already."""
-    if torch.distributed.is_initialized():
-        return
-    port = str(free_port())
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    """A one-rank gloo group (made once per process) and the env verl's Worker reads (set again on every call: a
+    test module restores the env it found when it ends, and the group outlives it)."""
+    if not _GROUP_ENV:
+        _GROUP_ENV.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
+                          LOCAL_RANK="0")
+    os.environ.update(_GROUP_ENV)
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+
+
+_GROUP_ENV: dict[str, str] = {}

@@ -14,35 +14,27 @@ import sys
 import pytest
 import torch
 from engine_testing import (
+    DYNAMIC,
+    FIXED,
+    GROUPS,
+    LONG_GROUPS,
+    MIXED_TEMPERATURES,
+    N,
+    SPLIT_DYNAMIC,
+    SPLIT_FIXED,
     actor_rollout_ref_config,
     build_actor,
     engine_result,
     free_port,
     init_single_process_group,
     rollout_batch,
+    standard_batching,
     tiny_model_dir,
     violations,
 )
 from verl_ext_testing import REPO
 
 from verl_ext.workers.grouped_engine import SHARED_GROUPS_METRIC, TOKEN_RATIO_METRIC
-
-# A uid whose prompts differ ("b" twice: split), a group of one ("c"), empty responses, another uid with
-# group "a"'s prompt ("d", not merged: different uid), a group larger than a fixed micro-batch ("a").
-GROUPS = [("a", 24, [5, 7, 3, 6, 1]), ("b", 9, [4, 0, 6]), ("c", 1, [3]), ("b", 5, [2, 0]), ("d", 24, [2])]
-N = 12
-MIXED_TEMPERATURES = [0.7, 1.3, 0.7, 0.7, 1.3] + [0.7] * 7  # group "a" drawn at two temperatures
-
-FIXED = dict(use_dynamic_bsz=False, micro_batch_size_per_gpu=4)
-DYNAMIC = dict(use_dynamic_bsz=True, max_token_len_per_gpu=60)
-
-# Groups too large for one micro-batch: the prompt runs once apart, the responses in parts that read it.
-# At 26 tokens: "a" in 8 parts of 2 responses, "b" in 2, "d" (prompt + response 28 > 26) in 1, "c" whole;
-# at 3 samples: "a" in 6 parts, "b" in 2.
-LONG_GROUPS = [("a", 24, [12] * 16), ("b", 20, [10, 3, 12, 5]), ("c", 8, [4, 6]), ("d", 26, [2, 1])]
-SPLIT_DYNAMIC = dict(use_dynamic_bsz=True, max_token_len_per_gpu=26)
-SPLIT_FIXED = dict(use_dynamic_bsz=False, micro_batch_size_per_gpu=3)
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
@@ -88,7 +80,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_grouped_engine_equals_standard(actors, case):
+def test_grouped_engine_equalsstandard_batching(actors, case):
     use_remove_padding, batching, temperature = CASES[case]
     make_batch = functools.partial(rollout_batch, GROUPS, seed=1, temperature=temperature, reuse_prompt=(0, 4))
     assert len(make_batch()) == N
@@ -107,21 +99,15 @@ SPLIT_CASES = {  # (use_remove_padding, batching, tool spans, groups whose promp
 
 
 @pytest.mark.parametrize("case", SPLIT_CASES)
-def test_groups_across_micro_batches_equal_standard(actors, case):
+def test_groups_across_micro_batches_equalstandard_batching(actors, case):
     # each shared group's prompt runs once; its parts read its keys/values (1 to 8 parts per group)
     use_remove_padding, batching, tool_spans, shared_groups = SPLIT_CASES[case]
     make_batch = functools.partial(rollout_batch, LONG_GROUPS, seed=3, temperature=0.9, tool_spans=tool_spans)
     standard, grouped = actors
-    expected = engine_result(standard, make_batch, use_remove_padding=use_remove_padding, **_standard(batching))
+    expected = engine_result(standard, make_batch, use_remove_padding=use_remove_padding, **standard_batching(batching))
     got = engine_result(grouped, make_batch, use_remove_padding=use_remove_padding, **batching)
     assert violations(got, expected) == []
     assert got.metrics[SHARED_GROUPS_METRIC] == [shared_groups]  # the prompts ran apart, once each
-
-
-def _standard(batching: dict) -> dict:
-    """verl's own engine refuses a budget below its longest sample (36 tokens): it runs at 40 (the loss is
-    normalised over the whole batch, so its micro-batches do not change the result)."""
-    return {**batching, "max_token_len_per_gpu": 40} if batching["use_dynamic_bsz"] else batching
 
 
 def test_a_part_that_drops_its_prefix_gradient_is_caught(actors, monkeypatch):
@@ -138,7 +124,7 @@ def test_a_part_that_drops_its_prefix_gradient_is_caught(actors, monkeypatch):
 
     make_batch = functools.partial(rollout_batch, LONG_GROUPS, seed=3, temperature=0.9)
     standard, grouped = actors
-    expected = engine_result(standard, make_batch, use_remove_padding=True, **_standard(SPLIT_DYNAMIC))
+    expected = engine_result(standard, make_batch, use_remove_padding=True, **standard_batching(SPLIT_DYNAMIC))
     monkeypatch.setattr(shared_prefix_schedule, "backward_prefix", dropping)
     got = engine_result(grouped, make_batch, use_remove_padding=True, **SPLIT_DYNAMIC)
     assert violations(got, expected) != []
