@@ -3,6 +3,7 @@
     python benchmarks/prefix_grouper.py [--quick] [--repeats 3] [--threads N]
     python benchmarks/prefix_grouper.py --long [--rows 0,3] [--repeats 1]   (prefix_grouper_long.py)
     python benchmarks/prefix_grouper.py --window 1024 [--quick]   (sliding-window rows, below)
+    python benchmarks/prefix_grouper.py --hybrid [--quick] [--long]   (a Qwen3.5-shaped model: prefix_grouper_hybrid.py)
 
 On a machine shared with other jobs, --threads 1: intra-op thread pools stall whenever another process
 takes a core, which swamps the differences measured here.
@@ -251,6 +252,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per method and row after a warm-up (3; --long: 1)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--window", type=int, default=None, help=f"sliding-window rows: {WINDOW_ROWS}")
+    parser.add_argument("--hybrid", action="store_true", help="a Qwen3.5-shaped model (see prefix_grouper_hybrid)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -259,6 +261,11 @@ def main() -> None:
 
         row, method = args.long_memory.split(",")
         long_memory(int(row), method, peak_memory_mb)
+        return
+    if args.hybrid:
+        from prefix_grouper_hybrid import run_hybrid
+
+        run_hybrid(QUICK_ROWS if args.quick else FULL_ROWS, args.repeats or 3, args.long, sys.modules[__name__])
         return
     if args.long:
         from prefix_grouper_long import run_long
