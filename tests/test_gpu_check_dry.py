@@ -34,6 +34,8 @@ def test_the_gpu_check_runs_dry_on_cpu():
         for layout in ("packed", "padded"):
             assert any(case.startswith(f"{backend}, {layout}, float32") for case in cases), cases
     assert any(case.startswith("sdpa, shared prefix in 3 parts, float32") for case in cases), cases
+    assert any(case.startswith("hybrid, sdpa, shared prefix in 3 parts, float32") for case in cases), cases
+    assert any(case.startswith("sdpa (0.00B Qwen3.5-shaped") for case in cases), cases
     assert any(case.startswith("standard (") for case in cases) and any(case.startswith("sdpa (") for case in cases)
     speed_up = next(row for row in rows if row[1].startswith("speed-up standard/sdpa"))
     diff = float(re.search(r"max log-prob diff ([0-9.e-]+)", speed_up[2]).group(1))

@@ -10,9 +10,12 @@ no download, well under 64 MiB brought along), one table printed last, about 4 m
    gradient, whole groups (both layouts) and groups cut in 3 parts that read their prompt's keys/values (the
    update of a group too large for one micro-batch). PASS when the grouped error is at most 1.2x the standard's,
    tensor by tensor.
+   The same on a tiny Qwen3.5-shaped hybrid (Gated DeltaNet layers beside full attention).
 2. timing: forward+backward (activation checkpointing, as verl trains) of a ~1.5B random Qwen2 in bf16 on one
    GRPO group, Lp = 4096 and 8192, G = 16, Lr = 256: standard, grouped `sdpa`, grouped `flex`, with the
-   theoretical token ratio, the speed-up, peak memory and FlexAttention's first-call (compile) time.
+   theoretical token ratio, the speed-up, peak memory and FlexAttention's first-call (compile) time; and a
+   Qwen3.5-shaped 0.8B hybrid at Lp = 4096 (its linear layers on flash-linear-attention when that wheel is
+   installed, e.g. carried along as a wheel: pure Python and Triton; else on transformers' torch path).
 3. rollout: verl_ext's HF rollout of the same model in fp32, 64 prompts, greedy, after a
    first pass recorded as the history (as a policy revisiting its prompts): outputs identical with every
    drafter, tokens/s without speculation, with synchronous NgramRL drafting and with prefetch overlapping the
@@ -50,7 +53,7 @@ from attention_testing import (  # noqa: E402
     shared_prefix_result,
     standard_causal_lm_forward,
 )
-from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3_5ForCausalLM, Qwen3_5TextConfig  # noqa: E402
 
 from verl_ext.attention import (  # noqa: E402
     META_KWARG,
@@ -65,6 +68,16 @@ QWEN25_1P5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=2
                    tie_word_embeddings=True)
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=128, max_position_embeddings=2048, initializer_range=0.2)
+# Qwen3.5-shaped hybrids (three Gated DeltaNet layers to one full attention): its 0.8B text model's shapes, and a
+# tiny one. Their linear layers run on flash-linear-attention where it is installed, else on transformers' torch path
+QWEN35_0P8B = dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=24, num_attention_heads=8,
+                   num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16,
+                   linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+                   layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 6, vocab_size=248320,
+                   max_position_embeddings=32768, tie_word_embeddings=True)
+TINY_HYBRID = dict(TINY, num_hidden_layers=4, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                   linear_key_head_dim=16, linear_value_head_dim=16,
+                   layer_types=["linear_attention"] * 3 + ["full_attention"])
 BUDGET = 1.2  # grouped error / standard error, per tensor
 ROWS: list[tuple[str, str, str, str]] = []
 DRY = False  # --dry: verdicts are shown ("pass?"/"fail?") but are not the check's: CPU fp32 is not the GPU's bf16
@@ -82,9 +95,16 @@ KERNELS = {name: GroupedKernels(name) for name in ("auto", "sdpa", "flex")}  # o
 # ---------------------------------------------------------------- 1. equivalence
 
 
-def _model(config: dict, dtype: torch.dtype, device: str) -> Qwen2ForCausalLM:
+def _model(config: dict, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    """A Qwen2, or a Qwen3.5 text model where the config lists layer types (the hybrids above)."""
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(**config)).to(device=device, dtype=dtype)
+    hybrid = "layer_types" in config
+    model = (Qwen3_5ForCausalLM(Qwen3_5TextConfig(**config)) if hybrid else Qwen2ForCausalLM(Qwen2Config(**config)))
+    return model.to(device=device, dtype=dtype)
+
+
+def _name(config: dict) -> str:
+    return "Qwen3.5-shaped" if "layer_types" in config else "Qwen2"
 
 
 def _pairs(got, ref) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -114,9 +134,9 @@ def _noise_floors(ref, dtype: torch.dtype) -> dict[str, float]:
     return floors
 
 
-def equivalence(device: str, dtype: torch.dtype) -> None:
+def equivalence(device: str, dtype: torch.dtype, config: dict = TINY) -> None:
     case = make_case([("a", 40, [12, 30, 7, 25]), ("b", 23, [18, 5]), ("c", 61, [9, 14, 33])], seed=3)
-    model, reference_model = _model(TINY, dtype, device), _model(TINY, torch.float64, device)
+    model, reference_model = _model(config, dtype, device), _model(config, torch.float64, device)
     reference_model.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
     ref = _result(reference_model, *response_log_probs(
         standard_causal_lm_forward(reference_model, case.prompts, case.responses), case.responses))
@@ -127,7 +147,7 @@ def equivalence(device: str, dtype: torch.dtype) -> None:
     for backend in ("sdpa", "flex"):
         kernels = KERNELS[backend]
         for layout in ("packed", "padded"):
-            where = f"{backend}, {layout}, {dtype}".replace("torch.", "")
+            where = f"{_tag(config)}{backend}, {layout}, {dtype}".replace("torch.", "")
             if backend == "flex" and device == "cpu":  # no CPU backward: the forward against the reference
                 with torch.no_grad():
                     lp, _ = grouped_response_log_probs(model, case.prompts, case.responses, case.uids, layout, kernels)
@@ -140,8 +160,12 @@ def equivalence(device: str, dtype: torch.dtype) -> None:
                 model, case.prompts, case.responses, case.uids, layout, kernels))
             _report_ratios(f"{where}: worst of", grouped, standard_result, ref, floors)
         if device == "cuda" or backend == "sdpa":  # each group cut in 3 parts that read its prompt, run once
-            _report_ratios(f"{backend}, shared prefix in 3 parts, {dtype}: worst of".replace("torch.", ""),
+            _report_ratios(f"{_tag(config)}{backend}, shared prefix in 3 parts, {dtype}: worst of".replace("torch.", ""),
                            shared_prefix_result(model, case, 3, kernels=kernels), standard_result, ref, floors)
+
+
+def _tag(config: dict) -> str:
+    return "hybrid, " if "layer_types" in config else ""
 
 
 def _report_ratios(where: str, got, standard, ref, floors: dict) -> None:
@@ -218,7 +242,7 @@ def timing(device: str, dtype: torch.dtype, config: dict, cases: list[tuple[int,
     model = _model(config, dtype, device)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()  # checkpointing is active in training mode only; Qwen2 has no dropout
-    size = f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f}B Qwen2"
+    size = f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f}B {_name(config)}"
     methods = ["standard", "sdpa"] + ([] if device == "cpu" else ["flex"])  # flex: no CPU backward
     for lp, g, lr in cases:
         gen = torch.Generator().manual_seed(lp)
@@ -328,11 +352,14 @@ def main() -> int:
         torch.backends.cuda.matmul.allow_tf32 = False
     started = time.perf_counter()
     section(equivalence, device, dtype)
+    section(equivalence, device, dtype, TINY_HYBRID)
     if args.dry:
         section(timing, device, dtype, TINY, [(32, 4, 8)], repeats=1)
+        section(timing, device, dtype, TINY_HYBRID, [(32, 4, 8)], repeats=1)
         section(rollout, device, dtype, TINY, batch=8, prompt_len=16, response_len=24)
     else:
         section(timing, device, dtype, QWEN25_1P5B, [(4096, 16, 256), (8192, 16, 256)], args.repeats)
+        section(timing, device, dtype, QWEN35_0P8B, [(4096, 16, 256)], args.repeats)
         # fp32 (TF32 off): a random model's next-token distribution is nearly flat, so bf16 rounding that differs
         # between a verification forward (17 tokens a row) and a decode step (1) flips greedy argmaxes; on an
         # H200 (2026-12-04) bf16 gave 0/64 identical sequences and 1.05 tokens a forward, fp32 64/64 and 15.88.
