@@ -15,8 +15,8 @@ from verl_ext.attention.layout import RecurrentSegments
 
 
 def _runs(seg: RecurrentSegments) -> tuple[torch.Tensor, ...]:
-    """Every run of the stream, prompts in the stream first: (start, len, history end, history len). A prompt has no
-    history; a response's history is its prompt's run (empty when the prompt ran apart)."""
+    """Every run of the stream, prompts in the stream first: (start, len, history end, history len, is a response).
+    A prompt has no history; a response's history is its prompt's run (empty when the prompt ran apart)."""
     prompts = seg.prompt_len > 0
     hist_end = (seg.prompt_start + seg.prompt_len)[seg.response_group]
     hist_len = seg.prompt_len[seg.response_group]

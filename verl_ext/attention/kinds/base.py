@@ -106,15 +106,17 @@ class MixerCall:
     def layer(self) -> int:
         return self.module.layer_idx
 
-    def state(self, part: str, compute: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
-        """This layer's `part` of the prefix's state: read when the prompt ran apart; else recorded from `compute()`
-        in a pass over a prompt alone (None: nothing to read)."""
-        if self.prefix is None:
-            return None
-        if self.meta.prefix_apart:
-            return self.prefix.read((self.layer, part))[0]
-        self.prefix.record((self.layer, part), (compute(),))
-        return None
+    def read(self, part: str) -> torch.Tensor | None:
+        """This layer's `part` of the state of the prompt that ran apart (None: the batch holds its prompts)."""
+        return self.prefix.read((self.layer, part))[0] if self.meta.prefix_apart else None
+
+    @property
+    def recording(self) -> bool:
+        """A pass over a prompt alone, whose states the parts of its group will read."""
+        return self.prefix is not None and not self.meta.prefix_apart
+
+    def record(self, part: str, state: torch.Tensor) -> None:
+        self.prefix.record((self.layer, part), (state,))
 
 
 class MixerKind:

@@ -5,6 +5,7 @@ The module's own forward runs, with its two kernels (`causal_conv1d_fn`, `chunk_
 torch path, or flash-linear-attention's where installed) swapped for the grouped runs of kernels/recurrent.py for
 the call: each prompt from nothing, each response from its prompt's end. The projections, gates and norm are
 the module's. A prompt apart holds the convolution's last kernel-1 inputs and the recurrent state at its end.
+The swap is undone when the forward returns; one training thread runs a model's forwards.
 """
 
 import functools
@@ -42,14 +43,15 @@ class GatedDeltaNet(MixerKind):
 def _conv(call: MixerCall, x: torch.Tensor, weight: torch.Tensor, bias=None, activation=None, seq_idx=None, **kw):
     """The module's causal_conv1d_fn: x [B, C, S] -> [B, C, S], activated."""
     if seq_idx is not None or kw or activation not in _ACTIVATIONS:
-        raise UnsupportedLayer(f"{where(call.module)} calls its convolution with {sorted(kw) or activation or 'seq_idx'}"
-                               f", which the grouped forward does not implement; {REFUSAL_FIX}")
+        asked = sorted(kw) + (["seq_idx"] if seq_idx is not None else []) or [f"activation={activation}"]
+        raise UnsupportedLayer(f"{where(call.module)} calls its convolution with {', '.join(asked)}, which the grouped "
+                               f"forward does not implement; {REFUSAL_FIX}")
     batch, channels, length = x.shape
     flat = x.transpose(1, 2).reshape(batch * length, channels)
-    h = weight.shape[-1] - 1
     seg = call.meta.recurrent
-    tail = call.state("conv", lambda: prompt_tail(flat, seg, h))
-    out = segment_causal_conv(flat, weight.unsqueeze(1), bias, seg, tail)
+    if call.recording:
+        call.record("conv", prompt_tail(flat, seg, weight.shape[-1] - 1))
+    out = segment_causal_conv(flat, weight.unsqueeze(1), bias, seg, call.read("conv"))
     return _ACTIVATIONS[activation](out).view(batch, length, channels).transpose(1, 2)
 
 
@@ -64,9 +66,8 @@ def _delta_rule(call: MixerCall, rule, query, key, value, g, beta, initial_state
     def flat(t):
         return t.reshape(batch * length, *t.shape[2:])
 
-    seg = call.meta.recurrent
-    initial = call.state("recurrent") if call.meta.prefix_apart else None
-    out, state = segment_delta_rule(rule, *map(flat, (query, key, value, g, beta)), seg, initial, **options)
-    if not call.meta.prefix_apart:
-        call.state("recurrent", lambda: state)
+    out, state = segment_delta_rule(rule, *map(flat, (query, key, value, g, beta)), call.meta.recurrent,
+                                    call.read("recurrent"), **options)
+    if call.recording:
+        call.record("recurrent", state)
     return out.view(batch, length, heads, -1), None

@@ -29,7 +29,7 @@ class ShortConvolution(MixerKind):
         b, c, x = module.in_proj(hidden).chunk(3, dim=-1)
         gated = (b * x).reshape(batch * length, dim)
         seg = call.meta.recurrent
-        h = module.conv.kernel_size[0] - 1
-        tail = call.state("conv", lambda: prompt_tail(gated, seg, h))
-        conv = segment_causal_conv(gated, module.conv.weight, module.conv.bias, seg, tail)
+        if call.recording:
+            call.record("conv", prompt_tail(gated, seg, module.conv.kernel_size[0] - 1))
+        conv = segment_causal_conv(gated, module.conv.weight, module.conv.bias, seg, call.read("conv"))
         return module.out_proj(c * conv.view(batch, length, dim))
