@@ -83,3 +83,21 @@ def test_a_model_attention_that_is_not_installed_is_refused(tmp_path, override, 
         error.value)
     control = "actor_rollout_ref.model.override_config.attn_implementation=eager"  # needs nothing installed
     preflight.check_before_data(_config(tmp_path / "data", control))
+
+
+def test_ngram_rl_inside_vllm_on_a_hybrid_model_is_refused(tmp_path):
+    # a model with a recurrent state: the drafts' rollback would be vLLM's, untested with NgramRL (model_layers.py)
+    from engine_testing import tiny_model_dir
+
+    model = tiny_model_dir(tmp_path / "qwen3_5", hybrid=True)
+    hybrid = [f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.actor.use_prefix_grouper=false"]
+    config = _config(tmp_path / "data", *hybrid, recipe="demo_cpu_vllm")
+    with pytest.raises(preflight.ConfigError) as error:
+        preflight.check_before_data(config)
+    assert str(error.value) == (
+        "actor_rollout_ref.rollout.name=vllm with rollout.custom.speculation: NgramRL inside vLLM, untested on layers "
+        "with a recurrent state, does not implement linear-attention layers (qwen3_5_text, layer 0: "
+        "linear_attention); set actor_rollout_ref.rollout.custom.speculation.method=none for this model")
+    # control: without speculation vLLM rolls the model out on its own
+    preflight.check_before_data(_config(tmp_path / "data", *hybrid, "actor_rollout_ref.rollout.custom.speculation."
+                                        "method=none", recipe="demo_cpu_vllm"))

@@ -1,5 +1,6 @@
-"""Start-up check of the model's layer kinds: the shared-prefix forward and the HF rollout engine each serve some
-kinds (verl_ext.attention.layer_kinds); a model with any other is refused in one line before Ray starts.
+"""Start-up check of the model's layer kinds: the shared-prefix forward, the HF rollout engine and NgramRL inside
+vLLM each serve some kinds (verl_ext.attention.layer_kinds); a model with any other is refused in one line before
+Ray starts.
 
 The config is read from `actor_rollout_ref.model.path` with verl's `override_config` applied as verl applies it,
 then the model is built on the meta device (no memory, no weights) so that its modules are checked too: a config
@@ -19,12 +20,19 @@ _GROUPED = ("actor_rollout_ref.actor.use_prefix_grouper=true: the grouped forwar
             "turn actor_rollout_ref.actor.use_prefix_grouper off for this model")
 _HF_ROLLOUT = ("actor_rollout_ref.rollout.name=hf: the HF rollout engine",  # rollout/engine.py checks the same
                "use actor_rollout_ref.rollout.name=vllm for this model")
+# Drafts on a model with a recurrent state need vLLM to roll that state back; NgramRL has not run on one inside vLLM:
+# vLLM 0.24's CPU backend refuses Qwen3.5's text config and fails in its own Gated DeltaNet kernel on Qwen3-Next's
+# (bf16; "Input tensor dtype mismatch", without speculation too, 2026-12-06), and no GPU run has been made yet.
+_VLLM_SPECULATION = ("actor_rollout_ref.rollout.name=vllm with rollout.custom.speculation: NgramRL inside vLLM, "
+                     "untested on layers with a recurrent state,",
+                     "set actor_rollout_ref.rollout.custom.speculation.method=none for this model")
 
 
 def check_model_layers(config: DictConfig, settings: Settings, path: str) -> None:
     """Refuse a model whose layers the enabled consumers do not serve (`path`: a model directory or hub id)."""
     grouped, hf_rollout = settings.prefix_grouper.enabled, settings.rollout.name == "hf"
-    if not (grouped or hf_rollout):
+    vllm_speculation = settings.rollout.name == "vllm" and settings.rollout.speculation is not None
+    if not (grouped or hf_rollout or vllm_speculation):
         return
     from verl_ext.attention.kinds import SERVED_KINDS, check_served
     from verl_ext.attention.layer_kinds import ATTENTION_KINDS, UnsupportedLayer, check_config, check_model
@@ -40,10 +48,11 @@ def check_model_layers(config: DictConfig, settings: Settings, path: str) -> Non
             check_config(model_config, SERVED_KINDS, *_GROUPED)
             if model is not None:
                 check_served(model, *_GROUPED)
-        if hf_rollout:
-            check_config(model_config, ATTENTION_KINDS, *_HF_ROLLOUT)
-            if model is not None:
-                check_model(model, ATTENTION_KINDS, *_HF_ROLLOUT)
+        for enabled, consumer in ((hf_rollout, _HF_ROLLOUT), (vllm_speculation, _VLLM_SPECULATION)):
+            if enabled:  # attention layers only: a KV cache, which a rejected draft rolls back by length
+                check_config(model_config, ATTENTION_KINDS, *consumer)
+                if model is not None:
+                    check_model(model, ATTENTION_KINDS, *consumer)
     except UnsupportedLayer as error:
         raise ConfigError(str(error)) from None
 
