@@ -160,7 +160,8 @@ def equivalence(device: str, dtype: torch.dtype, config: dict = TINY) -> None:
                 model, case.prompts, case.responses, case.uids, layout, kernels))
             _report_ratios(f"{where}: worst of", grouped, standard_result, ref, floors)
         if device == "cuda" or backend == "sdpa":  # each group cut in 3 parts that read its prompt, run once
-            _report_ratios(f"{_tag(config)}{backend}, shared prefix in 3 parts, {dtype}: worst of".replace("torch.", ""),
+            where = f"{_tag(config)}{backend}, shared prefix in 3 parts, {dtype}".replace("torch.", "")
+            _report_ratios(f"{where}: worst of",
                            shared_prefix_result(model, case, 3, kernels=kernels), standard_result, ref, floors)
 
 

@@ -30,8 +30,16 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 
 from verl_ext.attention.kernels import GroupedKernels
-from verl_ext.attention.kinds import REFUSAL_FIX, LayerCall, MixerCall, MixerKind, check_served, kind_of, served_mixers, \
-    where
+from verl_ext.attention.kinds import (
+    REFUSAL_FIX,
+    LayerCall,
+    MixerCall,
+    MixerKind,
+    check_served,
+    kind_of,
+    served_mixers,
+    where,
+)
 from verl_ext.attention.layer_kinds import UnsupportedLayer
 from verl_ext.attention.layout import GroupedAttentionMeta
 from verl_ext.attention.options import read_options

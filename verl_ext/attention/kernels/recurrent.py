@@ -55,8 +55,9 @@ def segment_causal_conv(
         history = torch.where(is_response[run], zero_row + 1 + h + d, history)
     source = torch.where(d >= 0, start[run] + d, history)
     out = F.conv1d(table[source].T.unsqueeze(0), weight, bias, groups=channels)[0].T  # [M - h, C]
-    tokens = torch.repeat_interleave(start, length) + _within(length)
-    return x.new_zeros(n, channels).index_put((tokens,), out[torch.repeat_interleave(offsets, length) + _within(length)])
+    within = _within(length)
+    tokens, outputs = torch.repeat_interleave(start, length) + within, torch.repeat_interleave(offsets, length) + within
+    return x.new_zeros(n, channels).index_put((tokens,), out[outputs])
 
 
 def prompt_tail(x: torch.Tensor, seg: RecurrentSegments, h: int) -> torch.Tensor:
@@ -111,7 +112,8 @@ def segment_delta_rule(
     if len(seg.response_start):
         index, mask = _blocks(seg.response_start, seg.response_len, seg.max_response)
         q, k, v, gb, bb = (_gather(t, index, mask) for t in inputs)
-        starting = state[seg.response_group] if seg.max_prompt else state.expand(len(seg.response_start), *state.shape[1:])
+        n = len(seg.response_start)
+        starting = state[seg.response_group] if seg.max_prompt else state.expand(n, *state.shape[1:])
         o, _ = rule(q, k, v, g=gb, beta=bb, initial_state=starting, output_final_state=False, **options)
         out = out.index_put((index[mask],), o[mask].to(out.dtype))
     return out, state

@@ -40,7 +40,8 @@ def kind_of(module: torch.nn.Module) -> AttentionKind:
     return kind
 
 
-def served_mixers(model: torch.nn.Module, consumer: str, fix: str = REFUSAL_FIX) -> list[tuple[str, torch.nn.Module, MixerKind]]:
+def served_mixers(model: torch.nn.Module, consumer: str,
+                  fix: str = REFUSAL_FIX) -> list[tuple[str, torch.nn.Module, MixerKind]]:
     """(name, module, kind) of every mixer of the model (a module of a mixer kind, its own parts aside); one whose
     class its kind does not implement (MiniMax's lightning attention, a bare convolution) is refused in one line."""
     found = []
