@@ -7,7 +7,10 @@ The scanner reads the source with ``ast`` and reports, as ``file:line name``, ev
 - calls a private method of a parent class (``super()._build_fsdp_module``) that no other class of ours defines;
 - reads a private attribute (``self._gradient_sync_context``, ``group._dispatch_info``,
   ``getattr(self, "_autocast_dtype")``) that nothing in this project defines, so it belongs to an upstream;
-- overrides a private method of an upstream base class (``def _balance_batch`` under verl's trainer).
+- overrides a private method of an upstream base class (``def _balance_batch`` under verl's trainer);
+- assigns or reads, in a subclass of an upstream class, an instance attribute that the upstream class (or one of its
+  upstream bases) assigns (``self._server_handle = ...`` under verl's ``RolloutReplica``): an assignment would
+  otherwise count as the project defining the name.
 Private names of torch and transformers are out of scope: habit 13 names verl, vLLM and flash-attn.
 """
 
@@ -16,6 +19,8 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import inspect
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,16 +174,47 @@ class Scanner(ast.NodeVisitor):
         for item in node.body:
             if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in inherited:
                 self._report(item, item.name)
+        upstream_attributes = set().union(*(self._upstream_instance_attributes(base) for base in node.bases))
+        for child in ast.walk(node):
+            if isinstance(child, ast.Attribute) and child.attr in upstream_attributes and _dotted(child.value) == ["self"]:
+                self._report(child, child.attr)
         self.generic_visit(node)
         self.owner = outer
 
-    def _upstream_class_names(self, base: ast.expr) -> set[str]:
-        """The private names of the upstream class ``base`` names; empty for our own classes."""
+    def _upstream_class(self, base: ast.expr) -> str | None:
+        """The dotted path of the upstream class ``base`` names; None for our own classes."""
         chain = _dotted(base)
         if not self.resolve_bases or chain is None or chain[0] not in self.bound:
-            return set()
+            return None
         target = ".".join([self.bound[chain[0]], *chain[1:]])
-        if not self._upstream(target):
+        return target if self._upstream(target) else None
+
+    def _upstream_instance_attributes(self, base: ast.expr) -> set[str]:
+        """The private ``self.<name>`` the upstream class ``base`` and its upstream bases assign, from their source."""
+        target = self._upstream_class(base)
+        if target is None:
+            return set()
+        module, _, name = target.rpartition(".")
+        try:
+            classes = inspect.getmro(getattr(importlib.import_module(module), name))
+        except (ImportError, ValueError, AttributeError):
+            return set()
+        names = set()
+        for cls in classes:
+            if cls.__module__.split(".")[0] not in UPSTREAMS:
+                continue
+            try:
+                tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+            except (OSError, TypeError):
+                continue
+            names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+                      and _dotted(n.value) == ["self"] and is_private(n.attr)}
+        return names
+
+    def _upstream_class_names(self, base: ast.expr) -> set[str]:
+        """The private names of the upstream class ``base`` names; empty for our own classes."""
+        target = self._upstream_class(base)
+        if target is None:
             return set()
         module, _, name = target.rpartition(".")
         try:
@@ -319,6 +355,15 @@ def test_catches_overrides_of_upstream_private_methods():
     assert Scanner("verl_ext/planted.py", own).scan(source) == []
     source += "    _registry = {}\n    def _registry(self):\n        pass\n"
     assert [r.name for r in Scanner("verl_ext/planted.py", own).scan(source)] == ["_registry"]
+
+
+def test_catches_upstream_instance_attributes_set_in_a_subclass():
+    # an assignment makes the name the project's for the other rules: this one knows the upstream class assigns it
+    head = "from verl.workers.rollout.replica import RolloutReplica\nclass Replica(RolloutReplica):\n"
+    source = head + "    async def launch_servers(self):\n        self._server_handle = None\n        self._ours = 1\n"
+    own = OwnNames()
+    own.add_source(source, "verl_ext/planted.py")
+    assert [f"{r.line} {r.name}" for r in Scanner("verl_ext/planted.py", own).scan(source)] == ["4 _server_handle"]
 
 
 def test_compat_modules_may_reach():

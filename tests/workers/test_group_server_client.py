@@ -82,7 +82,7 @@ def _prompt(config) -> list[int]:
 def test_a_group_takes_one_server(config, balancer):
     from verl.workers.rollout.llm_server import LLMServerClient
 
-    from verl_ext.compat.verl import group_server_client
+    from verl_ext.workers.group_server_client import group_server_client
 
     client, prompt = LLMServerClient(config, balancer), _prompt(config)
 
@@ -106,7 +106,7 @@ def test_a_group_takes_one_server(config, balancer):
 def test_a_cancelled_request_leaves_the_others_and_the_count(config, balancer):
     from verl.workers.rollout.llm_server import LLMServerClient
 
-    from verl_ext.compat.verl import group_server_client
+    from verl_ext.workers.group_server_client import group_server_client
 
     grouped, prompt = group_server_client(LLMServerClient(config, balancer)), _prompt(config)
     long = {**GREEDY, "max_tokens": 64}

@@ -8,7 +8,6 @@ from verl_ext.compat import require_version
 
 require_version("verl")  # before the imports below: a mismatch is one line naming the fix, not an ImportError
 
-import asyncio  # noqa: E402
 import copy  # noqa: E402
 from contextlib import nullcontext  # noqa: E402
 
@@ -279,64 +278,35 @@ class AgentLoopWorkerHooks:
 # ---- one server for a group's requests (workers/rollout/llm_server.py) ---------------------------------------------
 
 
-def group_server_client(client):
-    """A copy of verl's ``LLMServerClient`` that sends one GRPO group's requests to one rollout server.
-
-    verl's client takes a server from the global load balancer actor and hands it back around every request
-    (``_acquire_server``, ``_release_server``): two Ray calls per sample. This copy holds one server while any of
-    the group's requests is in flight, so a group costs two, and its prompt is prefilled on one replica. The
-    balancer then counts a group as one in-flight request, which balances groups of equal size alike.
-
-    For single-turn groups (the balancer's stickiness keys on request ids, which a held server bypasses between
-    turns). Any other client class (the fully async one retries while the pool is empty, and resumes partial
-    rollouts), or ``full_determinism`` (which routes each request by its id), keeps verl's per-request routing.
-    """
-    if type(client) is not LLMServerClient or getattr(client.config.actor_rollout_ref.rollout,
-                                                       "full_determinism", False):
-        return client
-    lease = _ServerLease(client)
-    grouped = copy.copy(client)  # shares the config and the balancer's handle
-    grouped._acquire_server, grouped._release_server = lease.acquire, lease.release
-    return grouped
+def is_verls_llm_client(client) -> bool:
+    """Whether ``client`` is verl's own ``LLMServerClient`` (not a subclass: the fully async one routes otherwise)."""
+    return type(client) is LLMServerClient
 
 
-class _ServerLease:
-    """One server taken from the balancer while any of its users' requests runs: the first request acquires it
-    through the client, the last one to finish releases it. Touched on the worker's event loop only."""
+def acquire_server(client, request_id: str, **fields):
+    """verl's ``LLMServerClient._acquire_server``: a server from the global load balancer, (server id, handle)."""
+    return client._acquire_server(request_id, **fields)
 
-    def __init__(self, client):
-        self._client = client
-        self._server: asyncio.Future | None = None  # -> (server id, handle)
-        self._request_id: str | None = None  # the one it was acquired for: the balancer may look it up at release
-        self._users = 0
 
-    async def acquire(self, request_id: str, **fields):
-        if self._server is None:
-            self._server = asyncio.ensure_future(self._client._acquire_server(request_id, **fields))
-            self._request_id = request_id
-        server = self._server
-        self._users += 1
-        try:
-            # shielded: one user's cancellation must not cancel the acquisition the others wait on
-            return await asyncio.shield(server)
-        except BaseException:
-            self._leave(server)  # verl's generate releases only what it acquired
-            raise
+def release_server(client, server_id: str, request_id: str | None = None) -> None:
+    """verl's ``LLMServerClient._release_server``: the server back to the balancer."""
+    client._release_server(server_id, request_id=request_id)
 
-    def release(self, server_id: str, request_id: str | None = None) -> None:
-        self._leave(self._server)
 
-    def _leave(self, server: asyncio.Future) -> None:
-        self._users -= 1
-        if self._users == 0:
-            self._server = None
-            request_id = self._request_id
-            # at once if acquired; else when the balancer answers
-            server.add_done_callback(lambda acquired: self._release_acquired(acquired, request_id))
+def with_server_routing(client, acquire, release):
+    """A copy of ``client`` (sharing its config and the balancer's handle) that takes and returns its servers through
+    ``acquire(request_id, **fields)`` and ``release(server_id, request_id=None)`` instead of the balancer's calls."""
+    routed = copy.copy(client)
+    routed._acquire_server, routed._release_server = acquire, release
+    return routed
 
-    def _release_acquired(self, server: asyncio.Future, request_id: str) -> None:
-        if not server.cancelled() and server.exception() is None:
-            self._client._release_server(server.result()[0], request_id=request_id)
+
+# ---- a replica's server (workers/rollout/replica.py) ---------------------------------------------------------------
+
+
+def set_replica_server(replica, handle, address: str) -> None:
+    """What verl's ``RolloutReplica`` answers ``server_handle`` and ``server_address`` with (its private fields)."""
+    replica._server_handle, replica._server_address = handle, address
 
 
 # ---- verl's sync trainer under another registry name ---------------------------------------------------------------

@@ -7,6 +7,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from verl.utils.device import get_resource_name
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica
 
+from verl_ext.compat.verl import set_replica_server
 from verl_ext.rollout.hf_server import HFRolloutServer
 
 
@@ -38,8 +39,7 @@ class HFReplica(RolloutReplica):
         )
         await server.get_server_address.remote()  # surfaces start-up errors here, not at first request
         self.servers = [server]
-        self._server_handle = server
-        self._server_address = f"{server_actor_name(self.replica_rank)}"
+        set_replica_server(self, server, server_actor_name(self.replica_rank))
 
     async def _locate_first_worker(self):
         if not self.workers:  # standalone: no training worker to sit beside

@@ -11,7 +11,7 @@ This worker runs a group as one unit:
 - a single-turn group shares one agent loop, which renders and tokenizes the prompt once (any other agent loop,
   or a single-turn one registered with settings of its own, gets one per sample as in verl: it may hold a
   conversation's state), and one rollout server, taken from verl's load balancer once for the group instead of
-  once per sample (``compat.verl.group_server_client``);
+  once per sample (``group_server_client.py``);
 - a sample is scored as it finishes, as in verl, but the samples that finish together (of any of the worker's
   groups) in one call to a reward-loop worker instead of one call each (``group_scoring.py``);
 - the group's samples go to TransferQueue in one put once all n are done, with the other groups that finish
@@ -34,15 +34,11 @@ from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentL
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, apply_greedy_sampling_params
 from verl.utils.rollout_trace import rollout_trace_attr
 
-from verl_ext.compat.verl import (
-    AgentLoopWorkerHooks,
-    VerlAgentLoopWorkerTQ,
-    group_server_client,
-    registered_agent_loop,
-)
+from verl_ext.compat.verl import AgentLoopWorkerHooks, VerlAgentLoopWorkerTQ, registered_agent_loop
 from verl_ext.settings import read_rollout_settings
 from verl_ext.sample_keys import format_key
 from verl_ext.workers.group_scoring import RewardBatcher
+from verl_ext.workers.group_server_client import group_server_client
 from verl_ext.workers.group_writer import GroupWriter, SampleRecord
 from verl_ext.workers.status_signal import SettledCount
 
