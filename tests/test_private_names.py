@@ -197,19 +197,16 @@ class Scanner(ast.NodeVisitor):
         module, _, name = target.rpartition(".")
         try:
             classes = inspect.getmro(getattr(importlib.import_module(module), name))
-        except (ImportError, ValueError, AttributeError):
-            return set()
-        names = set()
+        except (ImportError, ValueError):  # verl's vLLM modules without vLLM: the class's own source, not its bases'
+            return _self_attributes(_class_nodes(module, name))
+        sources = []
         for cls in classes:
-            if cls.__module__.split(".")[0] not in UPSTREAMS:
-                continue
-            try:
-                tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-            except (OSError, TypeError):
-                continue
-            names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
-                      and _dotted(n.value) == ["self"] and is_private(n.attr)}
-        return names
+            if cls.__module__.split(".")[0] in UPSTREAMS:
+                try:
+                    sources.append(ast.parse(textwrap.dedent(inspect.getsource(cls))))
+                except (OSError, TypeError):
+                    continue
+        return _self_attributes(sources)
 
     def _upstream_class_names(self, base: ast.expr) -> set[str]:
         """The private names of the upstream class ``base`` names; empty for our own classes."""
@@ -224,15 +221,26 @@ class Scanner(ast.NodeVisitor):
         return set(filter(is_private, names))
 
 
-def _class_body_names(module: str, name: str) -> set[str]:
-    """Names defined in the body of class ``name`` of an upstream ``module``, from its source (not imported)."""
+def _class_nodes(module: str, name: str) -> list[ast.ClassDef]:
+    """The definitions of class ``name`` in an upstream ``module``'s source (not imported)."""
     package, *rest = module.split(".")
     spec = importlib.util.find_spec(package)
     path = Path(spec.submodule_search_locations[0], *rest)
     path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
     if not path.is_file():
-        return set()
-    classes = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef) and n.name == name]
+        return []
+    return [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef) and n.name == name]
+
+
+def _self_attributes(trees: list[ast.AST]) -> set[str]:
+    """The private ``self.<name>`` assigned anywhere in ``trees``."""
+    return {n.attr for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+            and isinstance(n.ctx, ast.Store) and _dotted(n.value) == ["self"] and is_private(n.attr)}
+
+
+def _class_body_names(module: str, name: str) -> set[str]:
+    """Names defined in the body of class ``name`` of an upstream ``module``, from its source (not imported)."""
+    classes = _class_nodes(module, name)
     return {
         target.id if isinstance(target, ast.Name) else getattr(target, "name", None)
         for cls in classes
