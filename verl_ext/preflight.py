@@ -160,22 +160,23 @@ _CONFIG_NAME_FLAGS = ("--config-name", "-cn")  # each followed by the name; or -
 _CONFIG_PATH_FLAGS = ("--config-path", "-cp")  # a user's verl config: its folder (as verl's main_ppo takes it)
 
 
-def _config_name(argv: list[str]):
+def _flag_value(argv: list[str], flags: tuple[str, ...]) -> Optional[str]:
+    """The value of the first of ``flags`` (``FLAG VALUE``, or ``FLAG=VALUE`` for its long form) in ``argv``."""
     for i, arg in enumerate(argv):
-        if arg in _CONFIG_NAME_FLAGS and i + 1 < len(argv):
+        if arg in flags and i + 1 < len(argv):
             return argv[i + 1]
-        if arg.startswith("--config-name="):
+        if arg.startswith(f"{flags[0]}="):
             return arg.split("=", 1)[1]
     return None
 
 
+def _config_name(argv: list[str]) -> Optional[str]:
+    return _flag_value(argv, _CONFIG_NAME_FLAGS)
+
+
 def _config_dir(argv: list[str]) -> Optional[Path]:
-    for i, arg in enumerate(argv):
-        if arg in _CONFIG_PATH_FLAGS and i + 1 < len(argv):
-            return Path(argv[i + 1]).expanduser().resolve()
-        if arg.startswith("--config-path="):
-            return Path(arg.split("=", 1)[1]).expanduser().resolve()
-    return None
+    value = _flag_value(argv, _CONFIG_PATH_FLAGS)
+    return None if value is None else Path(value).expanduser().resolve()
 
 
 def check(config: DictConfig) -> None:

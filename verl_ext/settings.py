@@ -254,7 +254,7 @@ class Settings:
     prefix_grouper: PrefixGrouperSettings
     extension: ExtensionSettings
     data: DataSettings
-    distillation: DistillationSettings = field(default_factory=lambda: DistillationSettings())
+    distillation: DistillationSettings = field(default_factory=DistillationSettings)
 
     def __post_init__(self) -> None:
         where = RolloutSettings.PREFIX
@@ -274,7 +274,6 @@ class Settings:
         if self.rollout.n == 1 and self.prefix_grouper.enabled:
             logger.warning(f"{where}.n=1 with use_prefix_grouper=true: each prompt has one response, so "
                            "there is no prefix to share; the grouped forward computes what the standard one does.")
-
 
     def _check_trainer_mode(self) -> None:
         """What runs only with verl_ext's trainer is refused under verl's own trainers: the grouper would be silently
