@@ -148,16 +148,25 @@ def _is_mla(config) -> bool:
     return v is not None and nope is not None and rope is not None and v != nope + rope
 
 
+def layer_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
+    """(name, module, kind) of every module but a mixer's own parts (a linear-attention layer's convolution is the
+    layer's): what the consumers' checks look at."""
+    found, mixers = [], ()
+    for name, module in model.named_modules():
+        if name.startswith(mixers):
+            continue
+        kind = module_kind(module)
+        if kind in _MIXER_KINDS:
+            mixers += (f"{name}.",)
+        found.append((name, module, kind))
+    return found
+
+
 def module_layer_kinds(model: torch.nn.Module) -> list[tuple[str, str]]:
     """(kind, where) of every attention and position-mixing module; a module of no known kind is `unknown (Class)`
     (see the module docstring)."""
-    kinds, mixers = [], []
-    for name, module in model.named_modules():
-        if any(name.startswith(f"{mixer}.") for mixer in mixers):
-            continue  # a mixer's own parts (a linear-attention layer's convolution) are the mixer's
-        kind = module_kind(module)
-        if kind in _MIXER_KINDS and not isinstance(module, torch.nn.modules.conv._ConvNd):
-            mixers.append(name)
+    kinds = []
+    for name, module, kind in layer_modules(model):
         if kind == "unknown":
             kind = f"unknown ({_class_name(module)})"
         if kind != "positionwise":

@@ -16,7 +16,7 @@ from verl_ext.attention.kinds.linear import GatedDeltaNet
 from verl_ext.attention.kinds.mla import MultiHeadLatentAttention
 from verl_ext.attention.kinds.short_conv import ShortConvolution
 from verl_ext.attention.kinds.sliding import SlidingWindowAttention
-from verl_ext.attention.layer_kinds import UnsupportedLayer, check_model, module_kind
+from verl_ext.attention.layer_kinds import UnsupportedLayer, check_model, layer_modules, module_kind
 
 SERVED: dict[str, AttentionKind] = {kind.name: kind for kind in (FullAttention(), SlidingWindowAttention(),
                                                                   MultiHeadLatentAttention())}
@@ -45,10 +45,7 @@ def served_mixers(model: torch.nn.Module, consumer: str,
     """(name, module, kind) of every mixer of the model (a module of a mixer kind, its own parts aside); one whose
     class its kind does not implement (MiniMax's lightning attention, a bare convolution) is refused in one line."""
     found = []
-    for name, module in model.named_modules():
-        if any(name.startswith(f"{outer}.") for outer, _, _ in found):
-            continue  # a linear-attention layer's own convolution
-        label = module_kind(module)
+    for name, module, label in layer_modules(model):
         if label not in MIXERS:
             continue
         kind = MIXERS[label]
