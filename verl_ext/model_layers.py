@@ -30,29 +30,36 @@ _VLLM_SPECULATION = ("actor_rollout_ref.rollout.name=vllm with rollout.custom.sp
 
 def check_model_layers(config: DictConfig, settings: Settings, path: str) -> None:
     """Refuse a model whose layers the enabled consumers do not serve (`path`: a model directory or hub id)."""
-    grouped, hf_rollout = settings.prefix_grouper.enabled, settings.rollout.name == "hf"
-    vllm_speculation = settings.rollout.name == "vllm" and settings.rollout.speculation is not None
-    if not (grouped or hf_rollout or vllm_speculation):
+    rollout = settings.rollout
+    # the grouped forward, the HF rollout engine, NgramRL inside vLLM: in the order they refuse
+    enabled = (settings.prefix_grouper.enabled, rollout.name == "hf",
+               rollout.name == "vllm" and rollout.speculation is not None)
+    if not any(enabled):
         return
     from verl_ext.attention.kinds import SERVED_KINDS, check_served
     from verl_ext.attention.layer_kinds import ATTENTION_KINDS, UnsupportedLayer, check_config, check_model
 
+    def attention_only(model, consumer, fix):  # a KV cache, which a rejected draft rolls back by length
+        check_model(model, ATTENTION_KINDS, consumer, fix)
+
+    # (consumer, the kinds its config may list, the check of the built model's modules)
+    consumers = [consumer for on, consumer in zip(enabled, (
+        (_GROUPED, SERVED_KINDS, check_served),  # the kinds, then each mixer's class
+        (_HF_ROLLOUT, ATTENTION_KINDS, attention_only),
+        (_VLLM_SPECULATION, ATTENTION_KINDS, attention_only))) if on]
     model_config = _model_config(config, path)
     if model_config is None:
         return
-    if grouped:
+    if settings.prefix_grouper.enabled:
         _check_attention_dropout(model_config)
+    model = unbuilt = object()  # built on the meta device once, after the first config check has passed
     try:
-        model = _meta_model(model_config, _trust_remote_code(config))
-        if grouped:  # the config's kinds, then the modules': their kinds and each mixer's class
-            check_config(model_config, SERVED_KINDS, *_GROUPED)
+        for (consumer, fix), kinds, check_modules in consumers:
+            check_config(model_config, kinds, consumer, fix)
+            if model is unbuilt:
+                model = _meta_model(model_config, _trust_remote_code(config))
             if model is not None:
-                check_served(model, *_GROUPED)
-        for enabled, consumer in ((hf_rollout, _HF_ROLLOUT), (vllm_speculation, _VLLM_SPECULATION)):
-            if enabled:  # attention layers only: a KV cache, which a rejected draft rolls back by length
-                check_config(model_config, ATTENTION_KINDS, *consumer)
-                if model is not None:
-                    check_model(model, ATTENTION_KINDS, *consumer)
+                check_modules(model, consumer, fix)
     except UnsupportedLayer as error:
         raise ConfigError(str(error)) from None
 
