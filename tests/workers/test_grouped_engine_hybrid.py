@@ -20,6 +20,7 @@ import pytest
 import torch
 from engine_testing import DYNAMIC, FIXED, GROUPS, LONG_GROUPS, SPLIT_DYNAMIC, SPLIT_FIXED, actor_rollout_ref_config, \
     build_actor, engine_result, init_single_process_group, rollout_batch, standard_batching, tiny_model_dir, violations
+from family_check import fp64_throughout
 
 from verl_ext.workers.grouped_engine import SHARED_GROUPS_METRIC, TOKEN_RATIO_METRIC
 
@@ -59,17 +60,10 @@ def _delta_rule_in_fp64(model: torch.nn.Module) -> None:
 def _in_fp64(rule, query, key, value, g, beta, initial_state=None, **options):
     """`rule` on fp64 inputs (transformers' torch kernel casts to fp32 inside: it is handed fp64 and, with the cast
     made a no-op, keeps it), its outputs cast back."""
-    to = torch.Tensor.to
-    with _fp32_casts_kept_in_fp64():
+    with fp64_throughout():
         out, state = rule(*(t.double() for t in (query, key, value)), g=g.double(), beta=beta.double(),
                           initial_state=None if initial_state is None else initial_state.double(), **options)
-    return to(out, query.dtype), None if state is None else to(state, torch.float32)
-
-
-def _fp32_casts_kept_in_fp64():
-    from family_check import fp64_throughout
-
-    return fp64_throughout()
+    return out.to(query.dtype), None if state is None else state.float()
 
 
 def test_verls_packed_forward_runs_a_linear_layer_across_samples(actors):
