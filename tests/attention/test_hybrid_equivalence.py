@@ -16,7 +16,7 @@ import torch
 from attention_testing import Result, _result, grouped_response_log_probs, make_case, shared_prefix_result, \
     standard_result, violations
 from family_check import fp64_throughout
-from transformers import AutoModelForCausalLM, Lfm2Config, Qwen3_5TextConfig, Qwen3NextConfig
+from hybrid_models import CONFIGS, hybrid_model
 
 from verl_ext.attention.kinds import MIXERS
 
@@ -24,26 +24,6 @@ from verl_ext.attention.kinds import MIXERS
 # shorter than the convolution's kernel (4)
 CASE = [("a", 70, [66, 3, 0, 130, 5, 9, 12, 64]), ("b", 9, [40, 7]), ("c", 2, [5, 1])]
 PARTS = (1, 2, 3, 8)
-LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
-              linear_conv_kernel_dim=4)
-COMMON = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=8, max_position_embeddings=512, initializer_range=0.2)
-CONFIGS = {
-    # Qwen3.5's text layers: three linear to one full
-    "qwen3_5": lambda: Qwen3_5TextConfig(**COMMON, **LINEAR, layer_types=["linear_attention"] * 3 + ["full_attention"]),
-    "qwen3_next": lambda: Qwen3NextConfig(**COMMON, **LINEAR, num_experts=4, num_experts_per_tok=2,
-                                          moe_intermediate_size=16, shared_expert_intermediate_size=16,
-                                          layer_types=["linear_attention", "full_attention"] * 2),
-    "lfm2": lambda: Lfm2Config(**{k: v for k, v in COMMON.items() if k != "head_dim"}, conv_L_cache=3,
-                               layer_types=["conv", "full_attention", "conv", "full_attention"]),
-}
-
-
-def _model(family: str, dtype: torch.dtype):
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(CONFIGS[family](), attn_implementation="eager",
-                                             experts_implementation="eager")
-    return model.to(dtype).eval()
 
 
 def _grouped(model, case, parts) -> dict[str, Result]:
@@ -71,7 +51,7 @@ def _error(got: Result, truth: Result) -> float:
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_hybrid_grouped_forward_matches_standard_in_fp64(family):
-    assert _compare_fp64(_model(family, torch.float64)) == []
+    assert _compare_fp64(hybrid_model(family, torch.float64)) == []
 
 
 @pytest.mark.parametrize("family", sorted(CONFIGS))
@@ -83,8 +63,8 @@ def test_hybrid_grouped_forward_in_fp32_is_as_close_to_exact_as_the_standard(fam
     Qwen3.5, 1.1x on LFM2; the sibling-state control is off by ~1e-1)."""
     case = make_case(CASE, seed=5)
     with fp64_throughout():
-        truth = standard_result(_model(family, torch.float64), case, one_at_a_time=True)
-    model = _model(family, torch.float32)  # the same weights, rounded to fp32
+        truth = standard_result(hybrid_model(family, torch.float64), case, one_at_a_time=True)
+    model = hybrid_model(family, torch.float32)  # the same weights, rounded to fp32
     bound = 3 * _error(standard_result(model, case, one_at_a_time=True), truth) + 1e-5
     errors = {name: _error(result, truth) for name, result in _grouped(model, case, PARTS).items()}
     assert max(errors.values()) <= bound, (errors, bound)
@@ -95,5 +75,5 @@ def test_responses_reading_a_siblings_state_are_caught(family, monkeypatch):
     """Negative control: the mixers run as their modules' own forward over the whole stream."""
     for kind in MIXERS.values():
         monkeypatch.setattr(type(kind), "forward", lambda self, call, forward, args, kwargs: forward(*args, **kwargs))
-    problems = _compare_fp64(_model(family, torch.float64), parts=(1,))
+    problems = _compare_fp64(hybrid_model(family, torch.float64), parts=(1,))
     assert any(p.startswith("whole packed: log_probs") for p in problems), problems

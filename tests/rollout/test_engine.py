@@ -46,6 +46,16 @@ def test_greedy_matches_cache_free_decoding(model):
         assert result.finish_reason == "length"
 
 
+def test_eager_attention_gets_an_additive_mask(model):
+    # eager attention adds its mask to the scores: a boolean mask would add 0 or 1 and mask nothing
+    eager = Qwen2ForCausalLM(model.config.__class__(**model.config.to_dict())).eval()
+    eager.load_state_dict(model.state_dict())
+    eager.config._attn_implementation = "eager"
+    results = HFGenerationEngine(eager, pad_token_id=0).generate([GenerationRequest(p, 12, GREEDY) for p in PROMPTS])
+    for prompt, result in zip(PROMPTS, results):
+        assert result.token_ids == reference_greedy(eager, prompt, 12)
+
+
 def test_long_outputs_grow_the_cache_under_rejected_drafts(model):
     # 200 tokens run every row past its first slots (slot_cache.py grows the buffers); prompt_lookup's mostly
     # rejected drafts leave slots that the next step must overwrite, and a join mid-way brings rows of other lengths

@@ -8,10 +8,14 @@ third draft wrong: drafts are accepted, cut and rejected, and the KV cache rolls
 cell is enumerated from the model's own logits (fp64 copy, standard forward) under tests/sampling_oracle.py,
 independent of verl_ext's sampler.
 
+The same on a tiny Qwen3.5 (Gated DeltaNet layers beside full attention), whose linear-attention states every cut
+or rejected draft rewinds (rollout/recurrent_slots.py); over engine seeds 0-7 its smallest p-value was 0.10.
+
 Each cell's p-value must exceed 1e-4. The run is seeded, but a processor whose kernels round another way may
 draw other samples: then the chance that one of the four cells falls below 1e-4 by chance is about 4e-4 (over
 engine seeds 0-7 the smallest of the four p-values was 0.0023; seed 0 gives 0.57). Negative controls the same test must reject
-(p < 1e-6): a verifier that accepts with 1.5 p(x), and a top-p that drops the token whose mass crosses top_p.
+(p < 1e-6): a verifier that accepts with 1.5 p(x), a top-p that drops the token whose mass crosses top_p, and on
+the hybrid model, states left as the step left them (rejected tokens read).
 """
 
 import copy
@@ -22,8 +26,10 @@ import pytest
 import torch
 from sampling_oracle import policy_law, top_p_dropping_the_crossing_token
 from scipy import stats
+from hybrid_models import hybrid_model
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from verl_ext.rollout import recurrent_slots
 from verl_ext.rollout.engine import HFGenerationEngine
 from verl_ext.rollout.gqa_attention import rollout_attention
 from verl_ext.rollout.requests import GenerationRequest, SamplingSettings
@@ -38,11 +44,14 @@ SETTINGS = [SamplingSettings(temperature=1.0), SamplingSettings(temperature=0.8,
 
 
 @pytest.fixture(scope="module")
-def model():
+def model(request):
+    attention = rollout_attention("sdpa", torch.device("cpu"))  # packs ragged drafts
+    if request.param == "qwen3_5":  # Gated DeltaNet layers: each rejected draft rewinds their states
+        return hybrid_model("qwen3_5", torch.float32, attention, vocab_size=V, initializer_range=0.3)
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.3)
-    config._attn_implementation = rollout_attention("sdpa", torch.device("cpu"))  # packs ragged drafts
+    config._attn_implementation = attention
     return Qwen2ForCausalLM(config).eval()
 
 
@@ -54,10 +63,10 @@ def laws(model) -> dict[tuple, np.ndarray]:
     out = {}
     with torch.no_grad():
         for prompt in PROMPTS:
-            for n in range(LENGTH):
-                for prefix in itertools.product(range(V), repeat=n):
-                    ids = torch.tensor([prompt + list(prefix)])
-                    out[(tuple(prompt), prefix)] = reference(ids).logits[0, -1].numpy()
+            for n in range(LENGTH):  # every prefix of n tokens in one batch (one length: no padding)
+                prefixes = list(itertools.product(range(V), repeat=n))
+                logits = reference(torch.tensor([prompt + list(prefix) for prefix in prefixes])).logits[:, -1]
+                out.update({(tuple(prompt), prefix): row.numpy() for prefix, row in zip(prefixes, logits)})
     return out
 
 
@@ -104,7 +113,8 @@ def sample_cells(model, laws, seed=0) -> dict[tuple[int, int], np.ndarray]:
 def p_value(samples: np.ndarray, expected: np.ndarray) -> float:
     """Chi-square of the response counts against the law (cells expecting < 5 pooled)."""
     observed = np.bincount(samples, minlength=V ** LENGTH)
-    assert observed[expected == 0].sum() == 0, "sampled a response the policy gives probability 0"
+    if observed[expected == 0].sum():  # sampled a response the policy gives probability 0
+        return 0.0
     observed, counts = observed[expected > 0], expected[expected > 0] * len(samples)
     small = counts < 5
     obs, exp = observed[~small], counts[~small]
@@ -118,14 +128,21 @@ def p_values(model, laws) -> dict[tuple[int, int], float]:
             for (p, s), samples in sample_cells(model, laws).items()}
 
 
+@pytest.mark.parametrize("model", ["qwen2", "qwen3_5"], indirect=True)
 def test_speculative_engine_samples_the_policy_law(model, laws):
     values = p_values(model, laws)
     assert min(values.values()) > 1e-4, values
 
 
-@pytest.mark.parametrize("bias", ["acceptance_times_1.5", "top_p_drops_the_crossing_token"])
+@pytest.mark.parametrize("model,bias", [("qwen2", "acceptance_times_1.5"), ("qwen2", "top_p_drops_the_crossing_token"),
+                                        ("qwen3_5", "states_keep_rejected_tokens")], indirect=["model"])
 def test_negative_controls_are_caught(model, laws, bias, monkeypatch):
-    if bias == "acceptance_times_1.5":
+    if bias == "states_keep_rejected_tokens":
+        def no_rewind(slot, kept):
+            slot._conv_input = slot._rule_inputs = None
+
+        monkeypatch.setattr(recurrent_slots.RecurrentSlot, "keep_tokens", no_rewind)
+    elif bias == "acceptance_times_1.5":
         accept = verifier_module._num_accepted
         monkeypatch.setattr(verifier_module, "_num_accepted",
                             lambda probs, *rest: accept((1.5 * probs).clamp(max=1.0), *rest))

@@ -3,16 +3,18 @@
 Row b's tokens fill the cache slots [start[b], end[b]) (``start`` > 0: the left padding of a batched prefill).
 A step writes the pending token and the draft at [end, end + S); verification then moves ``end`` past the
 tokens kept, so a rejected draft's slots are overwritten by the next step and never attended to. Position
-ids are kept per row, so each row computes exactly what a cache holding only its own tokens would.
+ids are kept per row, so each row computes exactly what a cache holding only its own tokens would. A hybrid
+model's linear-attention layers hold a state per row instead, rewound to the kept tokens (recurrent_slots.py).
 """
 
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
+from transformers.cache_utils import Cache, LinearAttentionLayer
 
 from verl_ext.rollout.packed_step import PackedRows
-from verl_ext.rollout.slot_cache import SlotCache
+from verl_ext.rollout.recurrent_slots import slot_from_prefill
+from verl_ext.rollout.slot_cache import SlotCache, SlotLayer
 
 # Free slots per row beyond a new batch's prompts; the cache doubles when a row runs out.
 _INITIAL_HEADROOM = 128
@@ -28,13 +30,14 @@ class DecodeBatch:
     request_ids: list[int] = field(default_factory=list)  # [B] engine-side handle of each row
 
     @classmethod
-    def from_prefill(cls, prefill: DynamicCache, valid: torch.Tensor, rows: torch.Tensor) -> "DecodeBatch":
+    def from_prefill(cls, prefill: Cache, valid: torch.Tensor, rows: torch.Tensor) -> "DecodeBatch":
         """One row per entry of ``rows`` ([N] indices into a left-padded prefill whose mask is valid [U, W])."""
         width = valid.shape[1]
-        keys = [_with_headroom(layer.keys.index_select(0, rows)) for layer in prefill.layers]
-        values = [_with_headroom(layer.values.index_select(0, rows)) for layer in prefill.layers]
+        layers = [slot_from_prefill(layer, rows) if isinstance(layer, LinearAttentionLayer) else
+                  SlotLayer(_with_headroom(layer.keys.index_select(0, rows)),
+                            _with_headroom(layer.values.index_select(0, rows))) for layer in prefill.layers]
         lengths = valid.sum(dim=1).index_select(0, rows)
-        return cls(SlotCache(keys, values), start=width - lengths, end=torch.full_like(lengths, width),
+        return cls(SlotCache(layers), start=width - lengths, end=torch.full_like(lengths, width),
                    next_position=lengths, pending_token=torch.zeros_like(lengths))
 
     @property
@@ -63,6 +66,7 @@ class DecodeBatch:
     def keep(self, kept: torch.Tensor) -> None:
         """After a step: the first kept[b] of row b's new slots hold its tokens from now on. kept: [B] long."""
         self.end = self.end + kept
+        self.cache.keep_tokens(kept)
 
     def drop_rows(self, finished: list[int]) -> "DecodeBatch":
         """The batch without the rows at indices ``finished``: each of their places below the new size takes a

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
-from transformers import DynamicCache
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
-from verl_ext.attention.layer_kinds import ATTENTION_KINDS, check_model
-from verl_ext.rollout import packed_step
+from verl_ext.rollout import packed_step, recurrent_slots
 from verl_ext.rollout.batch_state import DecodeBatch, concat_batches
 from verl_ext.rollout.requests import GenerationRequest, GenerationResult
 from verl_ext.speculation import (
@@ -30,6 +29,10 @@ from verl_ext.speculation import (
     sample_next,
     verify,
 )
+
+HF_ROLLOUT = "actor_rollout_ref.rollout.name=hf: the HF rollout engine"  # who refuses, in the one line
+HF_ROLLOUT_FIX = "use actor_rollout_ref.rollout.name=vllm for this model"
+
 
 @dataclass
 class RowState:
@@ -67,9 +70,9 @@ class HFGenerationEngine:
         seed: int = 0,
         speculator: Optional[Speculator] = None,
     ):
-        # the engine holds a KV cache per row and no recurrent or convolution state: attention layers only
-        check_model(model, ATTENTION_KINDS, "actor_rollout_ref.rollout.name=hf: the HF rollout engine",
-                    "use actor_rollout_ref.rollout.name=vllm for this model")
+        # the engine holds a KV cache per row, and a state per row for Gated DeltaNet layers (recurrent_slots.py)
+        recurrent_slots.check_rollout_model(model, HF_ROLLOUT, HF_ROLLOUT_FIX)
+        recurrent_slots.enable(model)
         self.model = model
         # verification steps pack their rows (packed_step.py) where the model's attention function is a
         # registered one; eager attention pads every row to the longest draft
@@ -210,7 +213,7 @@ class HFGenerationEngine:
             input_ids[i, width - len(prompt) :] = torch.tensor(prompt, device=self.device)
             valid[i, width - len(prompt) :] = True
         positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
-        cache = DynamicCache()  # every layer keeps all its keys (with a config, sliding-window layers keep a window)
+        cache = recurrent_slots.prefill_cache(self.model)
         out = self.model(
             input_ids=input_ids, attention_mask=valid.long(), position_ids=positions, past_key_values=cache
         )
@@ -238,14 +241,14 @@ class HFGenerationEngine:
                 input_ids[i, 1 : 1 + len(draft)] = torch.tensor(draft, device=self.device)
         positions = batch.next_position.unsqueeze(1) + torch.arange(width, device=self.device).unsqueeze(0)
         span = batch.prepare_step(width)
-        masks = _attention_masks(self.model.config, lambda window: batch.attention_mask(width, span, window))
+        masks = _attention_masks(self.model, lambda window: batch.attention_mask(width, span, window))
         out = self.model(input_ids=input_ids, attention_mask=masks, position_ids=positions, past_key_values=batch.cache)
         return out.logits
 
     def _packed_forward_step(self, batch: DecodeBatch, drafts: list[list[int]], width: int) -> torch.Tensor:
         input_ids, positions, packed = packed_step.pack(batch.pending_token, drafts, batch.next_position)
         span = batch.prepare_step(width, packed)
-        masks = _attention_masks(self.model.config, lambda window: batch.attention_mask(width, span, window))
+        masks = _attention_masks(self.model, lambda window: batch.attention_mask(width, span, window))
         out = self.model(input_ids=input_ids, attention_mask=masks, position_ids=positions,
                          past_key_values=batch.cache, **{packed_step.PACKED_KWARG: packed})
         return packed_step.unpack_logits(out.logits, packed, batch.size)
@@ -282,10 +285,20 @@ class HFGenerationEngine:
         return finished
 
 
-def _attention_masks(config, mask_for: Callable[[Optional[int]], torch.Tensor]) -> torch.Tensor | dict:
+def _attention_masks(model, boolean_mask: Callable[[Optional[int]], torch.Tensor]) -> torch.Tensor | dict:
     """The step's 4-D masks as the model's layers take them (transformers passes a 4-D mask through as given):
     one for every layer, or one per layer type where sliding-window layers sit beside full-attention ones.
-    mask_for(window): the mask, limited to the last ``window`` tokens unless None."""
+    boolean_mask(window): the mask (True: attend), limited to the last ``window`` tokens unless None."""
+    config = model.config
+
+    def mask_for(window):
+        mask = boolean_mask(window)
+        if ALL_MASK_ATTENTION_FUNCTIONS.get(config._attn_implementation) is not eager_mask:
+            return mask
+        # eager attention adds its mask to the scores: 0 where a query attends, the dtype's minimum elsewhere
+        return torch.zeros(mask.shape, dtype=model.dtype, device=mask.device).masked_fill_(
+            ~mask, torch.finfo(model.dtype).min)
+
     window = getattr(config, "sliding_window", None)
     types = set(getattr(config, "layer_types", None) or ())
     if window is None or (types and "sliding_attention" not in types):
