@@ -19,7 +19,7 @@ _MODEL = "actor_rollout_ref.model"
 _GROUPED = ("actor_rollout_ref.actor.use_prefix_grouper=true: the grouped forward",
             "turn actor_rollout_ref.actor.use_prefix_grouper off for this model")
 _HF_ROLLOUT = ("actor_rollout_ref.rollout.name=hf: the HF rollout engine",  # rollout/engine.py checks the same
-               "use actor_rollout_ref.rollout.name=vllm for this model")
+               "use actor_rollout_ref.rollout.name=vllm for this model")  # (its HF_ROLLOUT, HF_ROLLOUT_FIX)
 # Drafts on a model with a recurrent state need vLLM to roll that state back; NgramRL has not run on one inside vLLM:
 # vLLM 0.24's CPU backend refuses Qwen3.5's text config and fails in its own Gated DeltaNet kernel on Qwen3-Next's
 # (bf16; "Input tensor dtype mismatch", without speculation too, 2026-12-06), and no GPU run has been made yet.
@@ -38,6 +38,7 @@ def check_model_layers(config: DictConfig, settings: Settings, path: str) -> Non
         return
     from verl_ext.attention.kinds import SERVED_KINDS, check_served
     from verl_ext.attention.layer_kinds import ATTENTION_KINDS, UnsupportedLayer, check_config, check_model
+    from verl_ext.rollout.recurrent_slots import ROLLOUT_KINDS, check_rollout_model
 
     def attention_only(model, consumer, fix):  # a KV cache, which a rejected draft rolls back by length
         check_model(model, ATTENTION_KINDS, consumer, fix)
@@ -45,7 +46,7 @@ def check_model_layers(config: DictConfig, settings: Settings, path: str) -> Non
     # (consumer, the kinds its config may list, the check of the built model's modules)
     consumers = [consumer for on, consumer in zip(enabled, (
         (_GROUPED, SERVED_KINDS, check_served),  # the kinds, then each mixer's class
-        (_HF_ROLLOUT, ATTENTION_KINDS, attention_only),
+        (_HF_ROLLOUT, ROLLOUT_KINDS, check_rollout_model),  # attention, and Gated DeltaNet's per-row states
         (_VLLM_SPECULATION, ATTENTION_KINDS, attention_only))) if on]
     model_config = _model_config(config, path)
     if model_config is None:

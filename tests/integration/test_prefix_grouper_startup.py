@@ -18,9 +18,13 @@ REFUSED = {
 }
 
 
-def _arr(*overrides):
+def _demo_config(*overrides):
     with initialize_config_module("verl_ext.recipes", version_base=None):
-        return compose("demo_cpu", overrides=list(overrides)).actor_rollout_ref
+        return compose("demo_cpu", overrides=list(overrides))
+
+
+def _arr(*overrides):
+    return _demo_config(*overrides).actor_rollout_ref
 
 
 @pytest.mark.parametrize("override", sorted(REFUSED))
@@ -56,20 +60,27 @@ def test_ulysses_refused_by_the_entry_point_in_one_line(tmp_path):
     assert last_line.startswith("verl_ext: ") and "Ulysses sequence parallelism" in last_line
 
 
-# tiny configs of hybrid families (model_families.py); a model directory needs only its config.json here. The
-# grouped forward serves them; the HF rollout engine, next in line with the embedded default's recipe, does not yet
-HYBRID = {"qwen3_5_text": "linear-attention layers (qwen3_5_text, layer 0: linear_attention)",
-          "qwen3_next": "linear-attention layers (qwen3_next, layer 0: linear_attention)",
-          "lfm2": "convolution layers (lfm2, layer 0: conv)"}
+# tiny configs of hybrid families (model_families.py); a model directory needs only its config.json here. The grouped
+# forward serves them all; the HF rollout engine, next in line with the embedded default's recipe, serves Gated
+# DeltaNet (rollout/recurrent_slots.py) and not LFM2's short convolutions
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "qwen3_next"])
+def test_gated_deltanet_models_pass_the_grouped_forward_and_hf_rollout_checks(tmp_path, model_type):
+    from verl_ext.model_layers import check_model_layers
+    from verl_ext.settings import read_settings
 
-
-@pytest.mark.parametrize("model_type", sorted(HYBRID))
-def test_hybrid_model_passes_the_grouped_forward_check(tmp_path, model_type):
     model_dir = tmp_path / model_type
     _hybrid_config(model_type).save_pretrained(model_dir)
+    config = _demo_config(FLAG, f"actor_rollout_ref.model.path={model_dir}")
+    check_model_layers(config, read_settings(config), str(model_dir))
+
+
+def test_short_convolutions_pass_the_grouped_forward_check_and_not_the_hf_rollout(tmp_path):
+    model_dir = tmp_path / "lfm2"
+    _hybrid_config("lfm2").save_pretrained(model_dir)
     last_line = _refusal(tmp_path, model_dir, FLAG)  # the grouped forward is checked first
-    assert last_line == (f"verl_ext: actor_rollout_ref.rollout.name=hf: the HF rollout engine does not implement "
-                         f"{HYBRID[model_type]}; use actor_rollout_ref.rollout.name=vllm for this model"), last_line
+    assert last_line == ("verl_ext: actor_rollout_ref.rollout.name=hf: the HF rollout engine does not implement "
+                         "convolution layers (lfm2, layer 0: conv); use actor_rollout_ref.rollout.name=vllm for this "
+                         "model"), last_line
 
 
 def test_lightning_attention_refused_before_ray_in_one_line(tmp_path):
@@ -81,14 +92,6 @@ def test_lightning_attention_refused_before_ray_in_one_line(tmp_path):
                          "implement linear-attention layers of class MiniMaxLightningAttention (minimax, module "
                          "model.layers.1.self_attn); turn actor_rollout_ref.actor.use_prefix_grouper off for this "
                          "model"), last_line
-
-
-def test_hybrid_model_refused_by_the_hf_rollout(tmp_path):
-    model_dir = tmp_path / "qwen3_next"
-    _hybrid_config("qwen3_next").save_pretrained(model_dir)
-    last_line = _refusal(tmp_path, model_dir, "actor_rollout_ref.actor.use_prefix_grouper=false")
-    assert "rollout.name=hf: the HF rollout engine does not implement linear-attention layers" in last_line
-    assert last_line.endswith("use actor_rollout_ref.rollout.name=vllm for this model")
 
 
 def _hybrid_config(model_type: str):
