@@ -1,7 +1,10 @@
 """The warm start: the shared-prefix loss equals a plain forward's; sampling is seeded."""
 
+from dataclasses import replace
+
 import pytest
 import torch
+from family_check import fp64_throughout
 
 from verl_ext.demo import task
 from verl_ext.demo.model import ModelShape, build_config, build_model
@@ -44,15 +47,29 @@ def test_shared_prefix_length_on_hand_cases():
 
 
 def test_shared_prefix_loss_and_gradients_match_a_plain_forward(full_tokenizer, small_model):
-    batch = collate(full_tokenizer, task.make_examples(6, seed=11))
-    params = list(small_model.parameters())
-    fast = _answer_loss(small_model, batch)
+    _assert_shared_prefix_matches_plain(full_tokenizer, small_model)
+
+
+def test_shared_prefix_of_a_hybrid_model_matches_a_plain_forward(full_tokenizer):
+    # demo_cpu_hybrid's architecture: the prefix's linear-attention states are read by every row, never updated;
+    # in fp64 throughout (transformers' delta rule casts to fp32), so that only the prefix sharing can differ
+    hybrid = build_model(build_config(full_tokenizer, replace(SMALL, num_hidden_layers=4, architecture="qwen3_5")),
+                         seed=0).double()
+    with fp64_throughout():
+        _assert_shared_prefix_matches_plain(full_tokenizer, hybrid, rtol=1e-9, atol=1e-12)
+
+
+def _assert_shared_prefix_matches_plain(tokenizer, model, rtol=1e-4, atol=1e-6):
+    batch = collate(tokenizer, task.make_examples(6, seed=11))
+    assert _shared_prefix_length(batch[0], batch[2]) > 0  # a prefix is shared
+    params = list(model.parameters())
+    fast = _answer_loss(model, batch)
     fast_grads = torch.autograd.grad(fast, params)
-    plain = _plain_answer_loss(small_model, batch)
+    plain = _plain_answer_loss(model, batch)
     plain_grads = torch.autograd.grad(plain, params)
-    assert fast.item() == pytest.approx(plain.item(), rel=1e-5)
+    assert fast.item() == pytest.approx(plain.item(), rel=max(rtol, 1e-9))
     for got, want in zip(fast_grads, plain_grads):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
 
 
 def test_collate_trains_only_answer_tokens_and_eos(full_tokenizer):

@@ -113,6 +113,17 @@ PROFILES: dict[str, BuildProfile] = {
         init_from="full",
         max_answer_tokens=384,
     ),
+    # demo_cpu_hybrid: the embedded default's task and warm start on a Qwen3.5-shaped policy (three Gated DeltaNet
+    # layers to one full-attention layer)
+    "hybrid": BuildProfile(
+        train_prompts=16,
+        val_prompts=32,
+        sft_examples=4000,
+        vocab_size=768,
+        shape=ModelShape(hidden_size=128, num_hidden_layers=4, intermediate_size=384, architecture="qwen3_5"),
+        sft=SFTConfig(record_only_steps=800, full_prompt_steps=150, batch_size=32),
+        eval_samples=64,
+    ),
 }
 
 

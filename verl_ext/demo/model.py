@@ -1,7 +1,7 @@
-"""A small Qwen2-architecture policy, randomly initialised from a seed.
+"""A small policy, randomly initialised from a seed: a Qwen2 (the embedded default), or a Qwen3.5-shaped hybrid
+(demo_cpu_hybrid: three Gated DeltaNet layers to one full-attention layer, Qwen3.5's ratio).
 
-Sized so that a GRPO step (rollout, log-probs, update) on ~350-token sequences fits the
-CPU demo budget; the Qwen2 architecture is what verl's engines and our patches target.
+Sized so that a GRPO step (rollout, log-probs, update) on ~350-token sequences fits the CPU demo budget.
 """
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+from transformers import (AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase,
+                          Qwen2Config, Qwen3_5TextConfig)
 
 
 @dataclass(frozen=True)
@@ -20,16 +21,19 @@ class ModelShape:
     num_key_value_heads: int = 2
     intermediate_size: int = 512
     max_position_embeddings: int = 1024
+    architecture: str = "qwen2"  # or "qwen3_5": every fourth layer full attention, the others Gated DeltaNet
 
     def __post_init__(self) -> None:
+        if self.architecture not in ("qwen2", "qwen3_5"):
+            raise ValueError(f"architecture {self.architecture!r} is not one of qwen2, qwen3_5")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of {self.num_attention_heads} heads")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
 
 
-def build_config(tokenizer: PreTrainedTokenizerBase, shape: ModelShape = ModelShape()) -> Qwen2Config:
-    return Qwen2Config(
+def build_config(tokenizer: PreTrainedTokenizerBase, shape: ModelShape = ModelShape()) -> PretrainedConfig:
+    common = dict(
         vocab_size=len(tokenizer),
         hidden_size=shape.hidden_size,
         num_hidden_layers=shape.num_hidden_layers,
@@ -37,20 +41,28 @@ def build_config(tokenizer: PreTrainedTokenizerBase, shape: ModelShape = ModelSh
         num_key_value_heads=shape.num_key_value_heads,
         intermediate_size=shape.intermediate_size,
         max_position_embeddings=shape.max_position_embeddings,
-        rope_theta=10000.0,
         tie_word_embeddings=True,
-        use_sliding_window=False,
         attn_implementation="sdpa",
         dtype="float32",
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+    if shape.architecture == "qwen2":
+        return Qwen2Config(**common, rope_theta=10000.0, use_sliding_window=False)
+    head_dim = shape.hidden_size // shape.num_attention_heads
+    return Qwen3_5TextConfig(
+        **common, head_dim=head_dim,
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                     for i in range(shape.num_hidden_layers)],
+        linear_num_key_heads=shape.num_key_value_heads, linear_num_value_heads=shape.num_attention_heads,
+        linear_key_head_dim=head_dim, linear_value_head_dim=head_dim, linear_conv_kernel_dim=4,
+    )
 
 
-def build_model(config: Qwen2Config, seed: int) -> Qwen2ForCausalLM:
+def build_model(config: PretrainedConfig, seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = AutoModelForCausalLM.from_config(config)
     model.generation_config = GenerationConfig(
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import LinearAttentionLayer
 
 from verl_ext.demo.reward import compute_score
 from verl_ext.demo.task import DATA_SOURCE, Example
@@ -98,6 +99,32 @@ def _shared_prefix_length(input_ids: torch.Tensor, labels: torch.Tensor) -> int:
     return min(int(differs[0]) if len(differs) else input_ids.shape[1], first_trained)
 
 
+class _PrefixState(LinearAttentionLayer):
+    """A linear-attention layer's state at the shared prefix's end, read by the suffix and not updated: transformers
+    updates it in place, which autograd refuses once the suffix has read it."""
+
+    def __init__(self, layer: LinearAttentionLayer, rows: int):
+        super().__init__()
+        self.conv_states = layer.conv_states.repeat_interleave(rows, dim=0)
+        self.recurrent_states = layer.recurrent_states.repeat_interleave(rows, dim=0)
+        self.has_previous_state = True
+
+    def update_conv_state(self, conv_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        return self.conv_states
+
+    def update_recurrent_state(self, recurrent_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        return self.recurrent_states
+
+
+def _repeat_rows(cache: DynamicCache, rows: int) -> None:
+    """The prefix's cache, one row for each of the batch's rows (gradients sum into the prefix)."""
+    for index, layer in enumerate(cache.layers):
+        if isinstance(layer, LinearAttentionLayer):
+            cache.layers[index] = _PrefixState(layer, rows)
+        else:
+            layer.batch_repeat_interleave(rows)
+
+
 def _answer_loss(model: PreTrainedModel, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """Mean cross-entropy on answer tokens; the shared prompt prefix is computed once.
 
@@ -107,17 +134,17 @@ def _answer_loss(model: PreTrainedModel, batch: tuple[torch.Tensor, ...]) -> tor
     """
     input_ids, attention_mask, labels = batch  # each [batch, max_len]
     prefix = _shared_prefix_length(input_ids, labels)
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=model.config) if prefix > 0 else None
     if prefix > 0:
         model.model(input_ids=input_ids[:1, :prefix], past_key_values=cache, use_cache=True)
-        cache.batch_repeat_interleave(input_ids.shape[0])
+        _repeat_rows(cache, input_ids.shape[0])
     positions = torch.arange(prefix, input_ids.shape[1]).expand(input_ids.shape[0], -1)  # [batch, suffix]
     hidden = model.model(
         input_ids=input_ids[:, prefix:],
         attention_mask=attention_mask,
         position_ids=positions,
         past_key_values=cache,
-        use_cache=True,
+        use_cache=cache is not None,
     ).last_hidden_state  # [batch, suffix, hidden]
     # Only positions that predict an answer token go through the LM head.
     targets = labels[:, prefix + 1 :]
