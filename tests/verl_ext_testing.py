@@ -46,18 +46,19 @@ def learning_command(demo_data_dir: Path, out: Path, steps: int, *extra: str) ->
 DEMO_LR = 2e-4  # demo_cpu's actor.optim.lr
 
 
-def assert_same_update(w_on: dict, w_off: dict, start: dict) -> None:
+def assert_same_update(w_on: dict, w_off: dict, start: dict, close: float = 0.01) -> None:
     """The weights after one step with the prefix grouper on and off agree to fp32 rounding of AdamW's first step
-    (tests/integration/test_prefix_grouper_step.py: why 0.1% of a tensor may differ by up to half a step), and the
-    step moved them away from `start` (else the comparison is vacuous)."""
+    (tests/integration/test_prefix_grouper_step.py: why 0.1% of a tensor may differ by up to half a step; the rest
+    within `close` of a step), and the step moved them away from `start` (else the comparison is vacuous)."""
     assert set(w_on) == set(w_off) == set(start)
     assert max((w_off[k] - start[k]).abs().max().item() for k in w_off) > DEMO_LR / 2  # the update happened
     for name in w_off:
         diff = (w_on[name] - w_off[name]).abs()
-        beyond = int((diff > 0.01 * DEMO_LR).sum())
+        beyond = int((diff > close * DEMO_LR).sum())
         # 0.1% of a tensor, and at least one weight: a bias of 128 has one near-zero gradient now and then
         assert beyond <= max(1, 1e-3 * diff.numel()) and diff.max() <= 0.5 * DEMO_LR, \
-            f"{name}: {beyond} of {diff.numel()} weights differ by more than 1% of a step, at most {diff.max():.3g}"
+            f"{name}: {beyond} of {diff.numel()} weights differ by more than {close:.0%} of a step, at most " \
+            f"{diff.max():.3g}"
 
 
 def step_metrics(out: Path) -> dict[int, dict]:

@@ -68,4 +68,9 @@ def test_hybrid_grpo_step_equal_with_and_without_prefix_grouper(hybrid_runs):
     assert on["actor/prefix_grouper/shared_groups"] == 8  # every group's prompt read by two micro-batches
     w_on, w_off = (load_file(out / "ckpt" / "global_step_1" / "actor" / "huggingface" / "model.safetensors")
                    for out in (runs.on, runs.off))
-    assert_same_update(w_on, w_off, start=load_file(runs.model / "model.safetensors"))
+    # transformers' chunked delta rule rounds in fp32 at ~1e-4 of a gradient (tests/attention/
+    # test_hybrid_equivalence.py), so AdamW's first step of a weight whose gradient is near 0 shows it more than a
+    # dense model's: measured (2026-12-06) 4 of in_proj_a's 256 weights at 1.0-1.4% of a step, and the decay's
+    # A_log and dt_bias (4 weights a layer) at up to 6.8%; everything else within 1%. A wrong gradient moves many
+    # weights by up to two steps.
+    assert_same_update(w_on, w_off, start=load_file(runs.model / "model.safetensors"), close=0.1)

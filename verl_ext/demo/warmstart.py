@@ -13,6 +13,7 @@ In phase 2 the header, identical in every row, is computed once per batch (see `
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import LinearAttentionLayer
+from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule as _torch_chunk_rule
 
 from verl_ext.demo.reward import compute_score
 from verl_ext.demo.task import DATA_SOURCE, Example
@@ -153,12 +155,25 @@ def _answer_loss(model: PreTrainedModel, batch: tuple[torch.Tensor, ...]) -> tor
     return torch.nn.functional.cross_entropy(logits, targets[keep])
 
 
+# transformers' torch delta rule solves each chunk's triangular system one row at a time (a Python loop of chunk_size
+# steps, and its backward): 32-token chunks train the hybrid demo's policy 1.6x faster than its default 64 on CPU
+# (0.75 s to 0.47 s a step, batch 32, 2026-12-06). The same function of its inputs; only the build uses it.
+_WARM_START_CHUNK = 32
+
+
+def _shorter_delta_rule_chunks(model: PreTrainedModel) -> None:
+    for module in model.modules():
+        if getattr(module, "chunk_gated_delta_rule", None) is _torch_chunk_rule:
+            module.chunk_gated_delta_rule = functools.partial(_torch_chunk_rule, chunk_size=_WARM_START_CHUNK)
+
+
 def supervised_warm_start(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: list[Example], config: SFTConfig
 ) -> list[float]:
     """Train `model` in place on `examples` (sampled with replacement); returns the loss per step."""
     rng = random.Random(config.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    _shorter_delta_rule_chunks(model)
     model.train()
     losses: list[float] = []
     start = time.monotonic()
