@@ -218,3 +218,18 @@ def test_the_full_build_s_band(start_reward, refused):
 def test_the_embedded_default_built_here_is_in_its_band(demo_data_dir):
     low, high = build.START_REWARD_BANDS["full"]
     assert low <= ensure_demo_assets(demo_data_dir).report["start_reward"] <= high
+
+
+def test_the_hybrid_build_at_test_size(tmp_path, monkeypatch):
+    """demo_cpu_hybrid's build at test size: a Qwen3.5-shaped policy (Gated DeltaNet and full attention) warm-starts,
+    is saved and loads back as that architecture."""
+    from dataclasses import replace
+
+    hybrid = replace(build.PROFILES["hybrid"], train_prompts=4, val_prompts=2, sft_examples=20, eval_samples=2,
+                     max_answer_tokens=8, shape=replace(build.PROFILES["hybrid"].shape, hidden_size=64),
+                     sft=build.SFTConfig(record_only_steps=1, full_prompt_steps=1, batch_size=2, warmup_steps=1))
+    monkeypatch.setitem(build.PROFILES, "test_hybrid", hybrid)
+    assets = ensure_demo_assets(tmp_path, profile="test_hybrid")
+    config = json.loads((assets.model_path / "config.json").read_text())
+    assert config["model_type"] == "qwen3_5_text"
+    assert config["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
