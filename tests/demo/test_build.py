@@ -232,4 +232,4 @@ def test_the_hybrid_build_at_test_size(tmp_path, monkeypatch):
     assets = ensure_demo_assets(tmp_path, profile="test_hybrid")
     config = json.loads((assets.model_path / "config.json").read_text())
     assert config["model_type"] == "qwen3_5_text"
-    assert config["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
+    assert config["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]  # Qwen3.5's pattern

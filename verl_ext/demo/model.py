@@ -53,8 +53,7 @@ def build_config(tokenizer: PreTrainedTokenizerBase, shape: ModelShape = ModelSh
     head_dim = shape.hidden_size // shape.num_attention_heads
     return Qwen3_5TextConfig(
         **common, head_dim=head_dim,
-        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
-                     for i in range(shape.num_hidden_layers)],
+        layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(shape.num_hidden_layers)],
         linear_num_key_heads=shape.num_key_value_heads, linear_num_value_heads=shape.num_attention_heads,
         linear_key_head_dim=head_dim, linear_value_head_dim=head_dim, linear_conv_kernel_dim=4,
     )
