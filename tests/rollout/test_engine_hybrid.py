@@ -3,7 +3,8 @@ outputs equal transformers' own `generate` on random prompts, with speculation o
 and padded (eager) verification steps, with rows joining a running batch and leaving it at different lengths.
 
 prompt_lookup drafts mostly wrong tokens here, so nearly every step rewinds a state; ngram_rl's second epoch drafts
-right ones, so rows keep whole drafts. Models in fp64 (the delta rule's own fp32 casts, in both engines, aside).
+right ones, so rows keep whole drafts; with prefetch, the next drafts are made while a (busy) device verifies.
+Models in fp64 (the delta rule's own fp32 casts, in both engines, aside).
 Negative control: a rewind that leaves each state as the step left it, rejected tokens read, must be caught.
 """
 
@@ -78,3 +79,25 @@ def test_states_left_with_rejected_tokens_are_caught(monkeypatch):
     with torch.no_grad():
         expected = [_generate(model, p, NEW - i) for i, p in enumerate(PROMPTS)]
         assert _engine_outputs(model, "prompt_lookup", epochs=1)[0] != expected
+
+
+class _BusyDeviceEngine(HFGenerationEngine):
+    """As on a GPU: the device is still verifying for a while after the host launched the forward, so the overlap
+    worker prefetches the next drafts while the linear-attention states wait for their rewind."""
+
+    def _launched_work_done(self):
+        checks = iter(range(200))
+        return lambda: next(checks, None) is None
+
+
+def test_prefetched_drafts_keep_greedy_output():
+    config = SpeculationConfig(method="ngram_rl", num_draft_tokens=6, min_match=1, prefetch=True,
+                               prefetch_worker="overlap", adaptive=False)
+    model = _model("qwen3_5", "sdpa")
+    engine = _BusyDeviceEngine(model, pad_token_id=0, speculator=Speculator(config))
+    with torch.no_grad():
+        expected = [_generate(model, p, NEW - i) for i, p in enumerate(PROMPTS)]
+        for _ in range(2):
+            results = engine.generate([GenerationRequest(p, NEW - i, GREEDY) for i, p in enumerate(PROMPTS)])
+            assert [r.token_ids for r in results] == expected
+    assert engine.speculator.take_metrics().prefetch_hits > 0
