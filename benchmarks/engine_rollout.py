@@ -2,14 +2,15 @@
 
     python benchmarks/engine_rollout.py [--profile long] [--rounds 4] [--prompts 8] [--n 8] [--plans batch,row]
 
-Both sides run in this process on the embedded default's policy and prompts (--profile long: the long-answer
-task of demo_cpu_long; --profile hybrid: demo_cpu_hybrid's Qwen3.5-shaped policy, whose linear-attention states
-each rejected draft rewinds; built under $VERL_EXT_DATA_DIR or data/ on first use), temperature 1, max_response_length
-of the matching recipe. Every round sends the same prompts again (n samples each), as an epoch of RL does, so
-ngram_rl's round r drafts from rounds < r. Prints per round: tokens, wall-clock, tokens/s, the engine's phase
-seconds, accepted tokens per forward; then each side's mean over rounds >= 1 and their ratio. The sides
-alternate round by round. --plans runs one ngram_rl engine per adaptive_plan named (batch: one cap a step; row:
-each row its own length over packed steps) and adds each one's median per-round ratio to no speculation.
+Both sides run in this process on the embedded default's policy and prompts (--profile long: the long-answer task of
+demo_cpu_long; --profile hybrid: demo_cpu_hybrid's Qwen3.5-shaped policy, whose linear-attention states each
+rejected draft rewinds; hybrid_long: the long-answer task on it; built under $VERL_EXT_DATA_DIR or data/ on first
+use), temperature 1, max_response_length of the matching recipe. Every round sends the same prompts again (n samples
+each), as an epoch of RL does, so ngram_rl's round r drafts from rounds < r. Prints per round: tokens, wall-clock,
+tokens/s, the engine's phase seconds, accepted tokens per forward; then each side's mean over rounds >= 1 and their
+ratio. The sides alternate round by round. --plans runs one ngram_rl engine per adaptive_plan named (batch: one cap
+a step; row: each row its own length over packed steps) and adds each one's median per-round ratio to no
+speculation.
 """
 
 import argparse
@@ -26,7 +27,7 @@ from verl_ext.rollout.gqa_attention import rollout_attention
 from verl_ext.rollout.requests import GenerationRequest, SamplingSettings
 from verl_ext.speculation import SpeculationConfig, Speculator
 
-MAX_NEW_TOKENS = {"full": 64, "long": 384, "hybrid": 64}  # the recipes' data.max_response_length
+MAX_NEW_TOKENS = {"full": 64, "long": 384, "hybrid": 64, "hybrid_long": 384}  # the recipes' data.max_response_length
 
 
 def load_task(profile: str, num_prompts: int, device: torch.device = torch.device("cpu")):

@@ -35,7 +35,7 @@ from verl_ext.speculation.config import SAMPLING_KEYS, SpeculationConfig, check_
 logger = logging.getLogger(__name__)
 
 Device = Literal["cpu", "cuda", "npu"]
-DemoProfile = Literal["full", "long", "hybrid", "test"]  # the builds of verl_ext.demo.build.PROFILES
+DemoProfile = Literal["full", "long", "hybrid", "hybrid_long", "test"]  # the builds of verl_ext.demo.build.PROFILES
 GroupedAttention = Literal["auto", "flash", "flex", "sdpa"]  # the shared-prefix forward's attention kernels
 # verl_ext.grouped_attention reaches the training workers as this environment variable (ray_setup.py)
 GROUPED_ATTENTION_ENV = "VERL_EXT_GROUPED_ATTENTION"
@@ -221,7 +221,7 @@ class ExtensionSettings:
             raise ConfigError(
                 f"verl_ext.demo_profile={self.demo_profile!r} is not a build of the embedded default; choose one of "
                 f"{sorted(get_args(DemoProfile))} (long: demo_cpu_long's answers of ~240 tokens; hybrid: "
-                "demo_cpu_hybrid's Qwen3.5-shaped policy).")
+                "demo_cpu_hybrid's Qwen3.5-shaped policy; hybrid_long: the long answers on it).")
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,20 @@ PROFILES: dict[str, BuildProfile] = {
         sft=SFTConfig(record_only_steps=800, full_prompt_steps=150, batch_size=32),
         eval_samples=64,
     ),
+    # the long-answer task on the hybrid policy, continued from its build as long is from full: what
+    # benchmarks/engine_rollout.py --profile hybrid_long decodes
+    "hybrid_long": BuildProfile(
+        train_prompts=16,
+        val_prompts=8,
+        sft_examples=2000,
+        vocab_size=768,
+        shape=ModelShape(hidden_size=128, num_hidden_layers=4, intermediate_size=384, architecture="qwen3_5"),
+        sft=SFTConfig(record_only_steps=200, full_prompt_steps=100, batch_size=16, lr=1e-3),
+        eval_samples=32,
+        task="record_list",
+        init_from="hybrid",
+        max_answer_tokens=384,
+    ),
 }
 
 
