@@ -2,6 +2,7 @@
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,6 +42,26 @@ def learning_command(demo_data_dir: Path, out: Path, steps: int, *extra: str) ->
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
         "trainer.rollout_data_dir=${trainer.default_local_dir}/rollouts", *SPLIT_EVERY_GROUP, *extra,
     )  # fmt: skip
+
+
+def grouper_on_and_off(demo_data_dir: Path, tmp_path_factory, name: str, *extra: str,
+                       timeout_s: int = 900) -> tuple[Path, Path]:
+    """One learning-command step with actor.use_prefix_grouper on and one with it off, run side by side; their output
+    folders (on, off)."""
+    runs, started = {}, {}
+    try:
+        for flag in (True, False):
+            out = runs[flag] = tmp_path_factory.mktemp(f"{name}_{flag}")
+            command = learning_command(demo_data_dir, out, 1, *extra,
+                                       f"actor_rollout_ref.actor.use_prefix_grouper={str(flag).lower()}")
+            with (out / "log.txt").open("w") as log:
+                started[flag] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        for flag, process in started.items():
+            assert process.wait(timeout=timeout_s) == 0, (runs[flag] / "log.txt").read_text()[-6000:]
+    finally:
+        for process in started.values():
+            process.kill()
+    return runs[True], runs[False]
 
 
 DEMO_LR = 2e-4  # demo_cpu's actor.optim.lr

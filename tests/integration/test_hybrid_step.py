@@ -11,13 +11,12 @@ one sequence, docs/support.md). The HF rollout runs the model too (rollout/recur
 """
 
 import shutil
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from safetensors.torch import load_file
-from verl_ext_testing import REPO, assert_same_update, learning_command, step_metrics
+from verl_ext_testing import assert_same_update, grouper_on_and_off, step_metrics
 
 TIMEOUT_S = 900
 REWARD = Path(__file__).with_name("varied_reward.py")
@@ -39,22 +38,10 @@ def _hybrid_model(demo_data_dir: Path, target: Path) -> Path:
 @pytest.fixture(scope="module")
 def hybrid_runs(demo_data_dir, tmp_path_factory) -> SimpleNamespace:
     model = _hybrid_model(demo_data_dir, tmp_path_factory.mktemp("hybrid") / "model")
-    runs, started = {}, {}
-    try:
-        for flag in (True, False):
-            out = runs[flag] = tmp_path_factory.mktemp(f"hybrid_{flag}")
-            command = learning_command(demo_data_dir, out, 1, f"actor_rollout_ref.model.path={model}",
-                                       f"actor_rollout_ref.actor.use_prefix_grouper={str(flag).lower()}",
-                                       f"reward.custom_reward_function.path={REWARD}",
-                                       "reward.custom_reward_function.name=compute_score")
-            with (out / "log.txt").open("w") as log:
-                started[flag] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-        for flag, process in started.items():
-            assert process.wait(timeout=TIMEOUT_S) == 0, (runs[flag] / "log.txt").read_text()[-6000:]
-    finally:
-        for process in started.values():
-            process.kill()
-    return SimpleNamespace(on=runs[True], off=runs[False], model=model)
+    on, off = grouper_on_and_off(demo_data_dir, tmp_path_factory, "hybrid", f"actor_rollout_ref.model.path={model}",
+                                 f"reward.custom_reward_function.path={REWARD}",
+                                 "reward.custom_reward_function.name=compute_score", timeout_s=TIMEOUT_S)
+    return SimpleNamespace(on=on, off=off, model=model)
 
 
 def test_hybrid_grpo_step_equal_with_and_without_prefix_grouper(hybrid_runs):
