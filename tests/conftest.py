@@ -3,12 +3,40 @@ from pathlib import Path
 import pytest
 from verl_ext_testing import demo_data_dir as _demo_data_dir
 
+# `make test` runs the suite on two pytest-xdist workers (-n 2 --dist loadscope --no-loadscope-reorder), a module
+# at a time each, so a module's fixtures (a Ray cluster, a model) start once. The real GRPO runs (a minute and more
+# each, CPU-bound on 2 cores) are one unit, given out first: they run one after another on one worker, and the
+# short tests fill the other core (two runs at once would only contend, and double the memory).
+GRPO_RUNS = "tests/integration"
+
 
 @pytest.fixture(scope="session")
 def demo_data_dir() -> Path:
-    """The embedded default (model, tokenizer, task data), built on first use."""
+    """The embedded default (model, tokenizer, task data), built on first use (once a machine: the build locks)."""
     from verl_ext.demo.build import ensure_demo_assets
 
     data_dir = _demo_data_dir()
     ensure_demo_assets(data_dir)
     return data_dir
+
+
+def _unit(nodeid: str) -> str:
+    module = nodeid.split("::")[0]
+    return GRPO_RUNS if module.startswith(GRPO_RUNS + "/") else module
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: _unit(item.nodeid) != GRPO_RUNS)  # stable: the GRPO runs first, else as collected
+
+
+@pytest.hookimpl(optionalhook=True)  # the vLLM environment runs its suite without xdist
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return ByModule(config, log)

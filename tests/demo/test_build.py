@@ -135,7 +135,21 @@ def test_rebuild_repairs_a_damaged_cache_and_leaves_no_scratch(cache_copy):
     assets = ensure_demo_assets(data_dir, profile="test", rebuild=True)
     assert assets.train_files.exists()
     assert ensure_demo_assets(data_dir, profile="test") == assets
-    assert sorted(os.listdir(data_dir)) == [folder.name]
+    assert sorted(name for name in os.listdir(data_dir) if not name.endswith(".lock")) == [folder.name]
+
+
+def test_a_build_another_process_finished_is_not_built_again(test_assets, tmp_path):
+    """Two processes on one data_dir (two runs, two test workers) build it once: the second waits for the first's
+    lock, then loads that build."""
+    final = tmp_path / test_assets.model_path.parent.name
+    load = f"from verl_ext.demo.build import ensure_demo_assets; ensure_demo_assets({str(tmp_path)!r}, profile='test')"
+    with build._build_lock(tmp_path, final):
+        waiter = subprocess.Popen([sys.executable, "-c", load], stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        assert "waiting for it" in waiter.stderr.readline()  # it reached the lock
+        shutil.copytree(test_assets.model_path.parent, final)  # this process's build
+        built = final.stat().st_ino
+    assert waiter.wait(timeout=120) == 0, waiter.stderr.read()
+    assert final.stat().st_ino == built  # loaded, not built again and swapped in
 
 
 def test_unwritable_data_dir_gives_cause_and_fix(tmp_path):
@@ -201,7 +215,7 @@ def test_a_warm_start_outside_its_band_is_refused_and_not_kept(tmp_path, monkeyp
     with pytest.raises(DemoAssetsError, match=r"start reward of [0-9.]+, outside \[1.5, 2.0\].*--rebuild"):
         ensure_demo_assets(tmp_path, profile="test")
     assert not (tmp_path / f"demo-v{build.BUILD_VERSION}-test").exists()
-    assert not list(tmp_path.glob(".demo-*"))  # no scratch left behind
+    assert not list(tmp_path.glob(".demo-*.building-*"))  # no scratch left behind
 
 
 @pytest.mark.parametrize("start_reward,refused", [(0.39, True), (0.52, False), (0.68, False), (0.86, True)])

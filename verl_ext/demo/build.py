@@ -20,6 +20,8 @@ stamp, missing files) raises `DemoAssetsError` naming the cause and the fix (--r
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -31,7 +33,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pandas as pd
 import torch
@@ -189,12 +191,37 @@ def ensure_demo_assets(
         raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES)}")
     root = Path(data_dir).expanduser().resolve()
     final = root / f"demo-v{BUILD_VERSION}-{profile}"
-    if final.exists() and not rebuild:
-        if _read_stamp(final) == _stamp(profile):
-            return _load_built(final)
-        logger.warning("demo cache %s was built by other code or settings; rebuilding", final)
-    _build_atomically(root, final, profile)
+    if not rebuild and final.exists() and _read_stamp(final) == _stamp(profile):
+        return _load_built(final)
+    with _build_lock(root, final):
+        # another process may have built it while this one waited for the lock: one build, not one each
+        if rebuild or not final.exists() or _read_stamp(final) != _stamp(profile):
+            if final.exists() and not rebuild:
+                logger.warning("demo cache %s was built by other code or settings; rebuilding", final)
+            _build_atomically(root, final, profile)
     return _load_built(final)
+
+
+def _unwritable(root: Path, error: OSError) -> DemoAssetsError:
+    return DemoAssetsError(
+        f"cannot write demo assets under {root} ({error.strerror or error}); pass a writable --data-dir")
+
+
+@contextlib.contextmanager
+def _build_lock(root: Path, final: Path) -> Iterator[None]:
+    """One build of a folder at a time on a machine (two runs, or two test workers, sharing a data_dir)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        handle = (root / f".{final.name}.lock").open("w")
+    except OSError as error:
+        raise _unwritable(root, error) from None
+    with handle:  # closing it releases the lock, also when the build fails
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.warning("another process is building %s; waiting for it", final)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def _stamp(profile: ProfileName) -> dict[str, Any]:
@@ -266,9 +293,7 @@ def _make_scratch_dir(root: Path, name: str) -> Path:
         root.mkdir(parents=True, exist_ok=True)
         scratch.mkdir()
     except OSError as error:
-        raise DemoAssetsError(
-            f"cannot write demo assets under {root} ({error.strerror or error}); pass a writable --data-dir"
-        ) from None
+        raise _unwritable(root, error) from None
     return scratch
 
 

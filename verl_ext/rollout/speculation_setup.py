@@ -1,4 +1,4 @@
-"""Builds the HF engine's speculator from the parsed ``rollout.custom.speculation`` (verl_ext.settings)."""
+"""Builds the HF engine's speculator, warmed up, from the parsed ``rollout.custom.speculation`` (verl_ext.settings)."""
 
 from typing import Optional
 
@@ -15,4 +15,6 @@ def build_speculator(speculation: Optional[SpeculationConfig], device_type: str)
     """The engine's speculator on ``device_type`` (its verification-cost table: SpeculationConfig.for_device)."""
     if speculation is None:
         return None
-    return Speculator(speculation.for_device(device_type), device_type=device_type)
+    speculator = Speculator(speculation.for_device(device_type), device_type=device_type)
+    speculator.warm_up()  # the server starts before the first step: its compiles are not in a step's draft phase
+    return speculator

@@ -30,6 +30,7 @@ from verl_ext.speculation.drafters.base import DraftRequest, Drafter, source_of
 from verl_ext.speculation.factory import build_drafter
 from verl_ext.speculation.metrics import SpecMetrics
 from verl_ext.speculation.prefetch import DraftPrefetcher
+from verl_ext.speculation.rehearsal import rehearse_speculator
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class Speculator:
     def __init__(self, config: SpeculationConfig, drafter: Drafter | None = None,
                  prefetcher: DraftPrefetcher | None = None, device_type: str = "cpu"):
         self.config = config
+        self.device_type = device_type
         self.drafter = drafter if drafter is not None else build_drafter(config)
         use_prefetch = config.uses_prefetch(device_type)
         if prefetcher is None and use_prefetch:
@@ -71,6 +73,21 @@ class Speculator:
         self._apply_observed(requests)
         self.prefetcher.submit(requests, drafts)
         return drafts
+
+    def warm_up(self) -> None:
+        """Compile the drafter's kernels (or load them from numba's cache) before the first step is timed: a scratch
+        speculator of the same settings, its prefetcher inline and never cut short, runs a made-up batch
+        (rehearsal.py)."""
+        if self.config.method == "none":
+            return
+        drafter = build_drafter(self.config)
+        prefetcher = None if self.prefetcher is None else DraftPrefetcher(
+            drafter, self.config.prefetch_candidates, self.config.num_draft_tokens, interrupt_on_collect=False)
+        scratch = Speculator(self.config, drafter, prefetcher, self.device_type)
+        try:
+            rehearse_speculator(scratch)
+        finally:
+            scratch.close()
 
     def verify_packed(self, packed: bool) -> None:
         """Whether the engine verifies its rows packed (each row pays for its own draft, not the batch's longest):

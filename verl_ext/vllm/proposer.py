@@ -12,6 +12,7 @@ import numpy as np
 from verl_ext.compat.vllm import lift_drafter_length_bound
 from verl_ext.speculation import SpeculationConfig, SpecMetrics, build_drafter
 from verl_ext.speculation.prefetch import DraftPrefetcher
+from verl_ext.speculation.rehearsal import ANSWER_LEN, EPOCHS, PROMPT_LEN, PROMPTS, ROUNDS, SIBLINGS, MadeUpBatch
 from verl_ext.vllm.request_book import BatchRows, RequestBook
 
 
@@ -40,6 +41,7 @@ class NgramRLProposer:
             # does while it waits for the device to finish the forward (and inside torch ops on CPU).
             prefetcher = DraftPrefetcher(drafter, config.prefetch_candidates, num_draft_tokens, threaded=True)
         self.book = RequestBook(drafter, num_draft_tokens, self.max_model_len, prefetcher)
+        _warm_up(config, num_draft_tokens, with_prefetcher=prefetcher is not None)
         self._runner = runner
         # drafts are clipped to each row's room (RequestBook), so the runner's draft-model bound does not apply
         lift_drafter_length_bound(runner, self.num_speculative_tokens)
@@ -87,6 +89,41 @@ class NgramRLProposer:
         if self.book.prefetcher is not None:
             metrics.prefetch_lookups, metrics.prefetch_hits = self.book.prefetcher.take_lookups_and_hits()
         return metrics
+
+
+def _warm_up(config: SpeculationConfig, num_draft_tokens: int, with_prefetcher: bool) -> None:
+    """Compile the drafting step's kernels (or load them from numba's cache) before vLLM's first step: a scratch
+    book of the same settings takes the made-up batch (speculation/rehearsal.py) as vLLM's runner hands rows over,
+    in its InputBatch's dtypes (the kernels are compiled for types, not sizes: the rows are as long as the batch
+    needs), its prefetcher inline and never cut short."""
+    max_model_len = PROMPT_LEN + ANSWER_LEN + 1
+    drafter = build_drafter(config)
+    prefetcher = DraftPrefetcher(drafter, config.prefetch_candidates, num_draft_tokens,
+                                 interrupt_on_collect=False) if with_prefetcher else None
+    book = RequestBook(drafter, num_draft_tokens, max_model_len, prefetcher)
+    batch = MadeUpBatch()
+    num_rows = PROMPTS * SIBLINGS
+    token_ids = np.zeros((num_rows, max_model_len), dtype=np.int32)
+    num_prompt_tokens, num_tokens = np.zeros(num_rows, dtype=np.int32), np.zeros(num_rows, dtype=np.int32)
+    for _ in range(EPOCHS):
+        rows = batch.epoch()
+        live = {f"rehearsal-{seq_id}": object() for seq_id, _, _ in rows}
+        drafts: list[list[int]] = [[] for _ in rows]
+        for _ in range(ROUNDS):
+            taken = batch.advance(rows, drafts)
+            for i, (_, prompt, output) in enumerate(rows):
+                tokens = [*prompt, *output]
+                token_ids[i, : len(tokens)] = tokens
+                num_prompt_tokens[i], num_tokens[i] = len(prompt), len(tokens)
+            sampled = [output[len(output) - n:] for (_, _, output), n in zip(rows, taken)]
+            drafts = book.propose(BatchRows(list(live), num_prompt_tokens, num_tokens, token_ids), sampled, live)
+            if prefetcher is not None:
+                prefetcher.overlap(lambda: False)
+    book.retire(live=())
+    drafter.load_state_dict(drafter.state_dict())
+    book.take_source_counts()
+    if prefetcher is not None:
+        prefetcher.close()
 
 
 def rpc_safe(value):
