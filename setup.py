@@ -25,7 +25,7 @@ INSTALL_REQUIRES = [
     "pandas",
     "pyarrow",
     "matplotlib",
-    # ngram_rl's batch drafting (speculation/compiled_match.py); vLLM 0.24's own n-gram proposer needs it too.
+    # ngram_rl's batch drafting (speculation/drafters/ngram_rl/compiled_match.py); vLLM 0.24's own n-gram proposer needs it too.
     "numba>=0.61",
 ]
 

@@ -53,8 +53,8 @@ import tracemalloc
 
 import numpy as np
 
+from verl_ext.speculation.drafters.ngram_rl.prompt_index import PromptIndex
 from verl_ext.speculation.ngram_match import as_history, extend_match, frequent_continuation
-from verl_ext.speculation.prompt_index import PromptIndex
 
 VOCAB, MIN_N, MAX_N, BUDGET = 32_000, 2, 8, 16
 

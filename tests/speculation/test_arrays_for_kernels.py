@@ -7,11 +7,12 @@ import random
 import numpy as np
 from verl_ext_testing import PROMPT_ONLY
 
-from verl_ext.speculation import DraftRequest, SpeculationConfig, build_drafter, prompt_key, run_directory
-from verl_ext.speculation.drafters import ngram_rl
+from verl_ext.speculation import DraftRequest, SpeculationConfig, build_drafter, prompt_key
 from verl_ext.speculation.drafters.base import TokenRows
+from verl_ext.speculation.drafters.ngram_rl import run_directory
+from verl_ext.speculation.drafters.ngram_rl import drafter as ngram_rl
+from verl_ext.speculation.drafters.ngram_rl.prompt_arena import PromptArena
 from verl_ext.speculation.global_history import GlobalHistory
-from verl_ext.speculation.prompt_arena import PromptArena
 
 
 def _arrays(rng: random.Random) -> tuple[np.ndarray, ...]:
@@ -148,7 +149,7 @@ def test_live_outputs_from_a_token_matrix_equal_those_from_requests():
     from the requests, given the rows in the order update first saw them."""
     from verl_ext.speculation import DraftRequest
     from verl_ext.speculation.drafters.base import TokenRows
-    from verl_ext.speculation.live_outputs import LiveOutputs
+    from verl_ext.speculation.drafters.ngram_rl.live_outputs import LiveOutputs
 
     rng = random.Random(3)
     for _ in range(30):
@@ -177,7 +178,7 @@ def test_live_outputs_versions_change_for_every_prompt_a_round_holds_or_held():
     in neither has 0; update after it changes every prompt it holds, and the others go back to 0."""
     from verl_ext.speculation import DraftRequest
     from verl_ext.speculation.drafters.base import TokenRows
-    from verl_ext.speculation.live_outputs import LiveOutputs
+    from verl_ext.speculation.drafters.ngram_rl.live_outputs import LiveOutputs
 
     live = LiveOutputs()
 

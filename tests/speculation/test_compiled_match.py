@@ -91,7 +91,7 @@ def test_a_dropped_vote_rule_is_caught():
     ends = np.array([2, 6])  # the two occurrences of "2", oldest first
     window = ngram_match.continuation_windows(history, ends, MAX_DRAFT_TOKENS)
     want = ngram_match.vote_continuation(window)
-    from verl_ext.speculation import compiled_match
+    from verl_ext.speculation.drafters.ngram_rl import compiled_match
 
     out = np.zeros((1, MAX_DRAFT_TOKENS), dtype=np.int32)
     size = compiled_match.vote(history, ends, out, 0)

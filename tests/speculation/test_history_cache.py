@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from verl_ext.speculation.history_cache import HistoryCache
+from verl_ext.speculation.drafters.ngram_rl.history_cache import HistoryCache
 
 
 def segment_len(cache, response):

@@ -9,8 +9,8 @@ from verl_ext_testing import PROMPT_ONLY, longest_match
 
 from verl_ext.speculation import DraftRequest, SpeculationConfig, build_drafter, prompt_key
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
+from verl_ext.speculation.drafters.ngram_rl.prompt_index import PromptIndex
 from verl_ext.speculation.ngram_match import SEP, as_history, frequent_continuation
-from verl_ext.speculation.prompt_index import PromptIndex
 
 VOCAB = 6  # few tokens: long and short matches, ties and known-empty outcomes all occur
 
@@ -210,7 +210,7 @@ def test_drafts_stay_exact_when_memos_carry_over_to_new_versions():
 
 
 def test_history_cache_says_what_changed_between_versions():
-    from verl_ext.speculation.history_cache import HistoryCache
+    from verl_ext.speculation.drafters.ngram_rl.history_cache import HistoryCache
 
     def change(since, until):  # (tokens, cut, appended)
         found = cache.change_since(1, since, until)
@@ -235,7 +235,7 @@ def test_an_index_advanced_through_changes_equals_one_built_anew():
     # Every kind of change between the two versions: responses added, the oldest dropped by the per-prompt bound
     # (one at a time, or several, some added within the span), a prompt evicted whole by the token bound (a new
     # history: built anew). Each index built for a version is compared with a fresh one, array for array.
-    from verl_ext.speculation.history_cache import HistoryCache
+    from verl_ext.speculation.drafters.ngram_rl.history_cache import HistoryCache
 
     rng = random.Random(11)
     cache = HistoryCache(max_tokens=300, max_responses_per_prompt=4, tail_len=2)

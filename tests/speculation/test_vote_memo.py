@@ -4,9 +4,9 @@ import threading
 
 import numpy as np
 
-from verl_ext.speculation import vote_memo
+from verl_ext.speculation.drafters.ngram_rl import vote_memo
+from verl_ext.speculation.drafters.ngram_rl.vote_memo import VoteMemo
 from verl_ext.speculation.ngram_match import SEP, vote_continuation
-from verl_ext.speculation.vote_memo import VoteMemo
 
 
 def counting_votes(monkeypatch) -> list[np.ndarray]:

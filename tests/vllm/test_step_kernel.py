@@ -7,9 +7,9 @@ import random
 import numpy as np
 
 from verl_ext.speculation import SpeculationConfig, build_drafter, prompt_key
-from verl_ext.speculation.compiled_match import SOURCES
 from verl_ext.speculation.drafters.base import TokenRows
 from verl_ext.speculation.drafters.ngram_rl import distinct_prompts
+from verl_ext.speculation.drafters.ngram_rl.compiled_match import SOURCES
 from verl_ext.vllm import step_kernel
 from verl_ext.vllm.request_tokens import RequestTokens
 

@@ -54,7 +54,7 @@ class SpeculationConfig:
     max_responses_per_prompt: int = 32  # ngram_rl: per-prompt FIFO of recent responses (4 epochs at n=8)
     # ngram_rl's fallback sources, for contexts the prompt's own history does not match (its first visit above
     # all): the outputs of its samples still generating, the request's own prompt and output, and all prompts'
-    # recent responses (at most global_max_tokens tokens, oldest dropped first). drafters/ngram_rl.py.
+    # recent responses (at most global_max_tokens tokens, oldest dropped first). drafters/ngram_rl/drafter.py.
     # rollout.full_determinism turns speculation off (rollout/speculation_setup.py says why).
     draft_from_siblings: bool = True
     draft_from_self: bool = True

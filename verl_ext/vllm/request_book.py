@@ -53,9 +53,9 @@ from typing import NamedTuple
 import numpy as np
 
 from verl_ext.speculation import SpecMetrics, prompt_key
-from verl_ext.speculation.compiled_match import SOURCES
 from verl_ext.speculation.drafters.base import DraftRequest, TokenRows, source_of
 from verl_ext.speculation.drafters.ngram_rl import NgramRLDrafter, distinct_prompts
+from verl_ext.speculation.drafters.ngram_rl.compiled_match import SOURCES
 from verl_ext.speculation.prefetch import DraftPrefetcher
 from verl_ext.vllm import step_kernel
 from verl_ext.vllm.request_tokens import RequestTokens

@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from verl_ext.compat.numba import cached_njit
-from verl_ext.speculation.compiled_match import batch_drafts
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
-from verl_ext.speculation.live_outputs import lay_out_rows
+from verl_ext.speculation.drafters.ngram_rl.compiled_match import batch_drafts
+from verl_ext.speculation.drafters.ngram_rl.live_outputs import lay_out_rows
 from verl_ext.vllm.request_tokens import record_handed, step_rows
 
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
+import verl_ext.speculation.drafters.ngram_rl.run_directory as run_directory
 from verl_ext.compat.numba import cached_njit
-from verl_ext.speculation import global_history, run_directory
+from verl_ext.speculation import global_history
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
 from verl_ext.speculation.ngram_match import MAX_CANDIDATES, PAD, SEP
 

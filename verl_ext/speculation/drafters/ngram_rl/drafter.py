@@ -20,19 +20,19 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from verl_ext.speculation import compiled_match
+import verl_ext.speculation.drafters.ngram_rl.compiled_match as compiled_match
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS, SpeculationConfig
 from verl_ext.speculation.drafters.base import Draft, DraftRequest, Drafter, DrafterStats, TokenRows
+from verl_ext.speculation.drafters.ngram_rl.history_cache import HistoryCache
+from verl_ext.speculation.drafters.ngram_rl.live_outputs import EMPTY_LAYOUT, LiveLayout, LiveOutputs
+from verl_ext.speculation.drafters.ngram_rl.outcome_table import OutcomeLevels, OutcomeTable
+from verl_ext.speculation.drafters.ngram_rl.prompt_arena import ArenaView, PromptArena
+from verl_ext.speculation.drafters.ngram_rl.prompt_index import PromptIndex
+from verl_ext.speculation.drafters.ngram_rl.vote_memo import VoteMemo
 from verl_ext.speculation.global_history import GlobalHistory
-from verl_ext.speculation.history_cache import HistoryCache
-from verl_ext.speculation.live_outputs import EMPTY_LAYOUT, LiveLayout, LiveOutputs
 from verl_ext.speculation.ngram_match import (PAD, SEP, continuation_counts, continuation_windows, extend_match,
                                               vote_continuation)
 from verl_ext.speculation.outcome_drafts import OutcomeDrafts
-from verl_ext.speculation.outcome_table import OutcomeLevels, OutcomeTable
-from verl_ext.speculation.prompt_arena import ArenaView, PromptArena
-from verl_ext.speculation.prompt_index import PromptIndex
-from verl_ext.speculation.vote_memo import VoteMemo
 
 # Indexes kept, least recently used dropped first: a step drafts for its own prompts (an index is rebuilt whenever
 # its prompt's history changes), at ~20 bytes per indexed history token.

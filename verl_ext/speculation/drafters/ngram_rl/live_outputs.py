@@ -17,7 +17,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from verl_ext.compat.numba import cached_njit
-from verl_ext.speculation.drafters.base import DraftRequest, TokenRows
+from verl_ext.speculation.draft_request import DraftRequest, TokenRows
 from verl_ext.speculation.ngram_match import PAD, SEP
 
 _PADDING = np.full(PAD, SEP, dtype=np.int32)

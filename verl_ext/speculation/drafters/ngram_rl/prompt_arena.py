@@ -21,8 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+import verl_ext.speculation.drafters.ngram_rl.run_directory as run_directory
 from verl_ext.compat.numba import cached_njit
-from verl_ext.speculation import run_directory
 
 _FIELDS = ((0,), (1, 2), (3, 4), (5,), (6,))  # which of a slot's seven arrays each pool holds
 _DTYPES = (np.int32, np.int32, np.int32, np.int64, np.int32, np.int32, np.int32)

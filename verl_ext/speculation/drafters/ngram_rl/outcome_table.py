@@ -11,8 +11,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from verl_ext.speculation.drafters.ngram_rl.prompt_index import NextTokenGroups, PromptIndex
 from verl_ext.speculation.outcome_drafts import OutcomeDrafts
-from verl_ext.speculation.prompt_index import NextTokenGroups, PromptIndex
 
 
 class OutcomeLevels:

@@ -24,10 +24,10 @@ import numpy as np
 
 from verl_ext.compat.numba import cached_njit
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
-from verl_ext.speculation.history_cache import HistoryChange
+from verl_ext.speculation.drafters.ngram_rl.history_cache import HistoryChange
+from verl_ext.speculation.drafters.ngram_rl.vote_memo import VoteMemo
 from verl_ext.speculation.ngram_match import PAD, SEP, continuation_windows, extend_match
 from verl_ext.speculation.outcome_drafts import PrefetchWork
-from verl_ext.speculation.vote_memo import VoteMemo
 
 
 class PromptIndex(PrefetchWork):
