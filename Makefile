@@ -56,9 +56,12 @@ endif
 # background while the main suite runs (mostly downloads and unpacking: minutes the suite's waits absorb); its
 # log is $(VLLM_VENV).log, and test-vllm builds it again in the foreground if that failed. --durations: CI's log
 # names the slowest tests (the whole run must stay under 25 minutes on 2 cores).
+# The embedded default is built first, on both cores, before the two test workers start: most of the suite reads it,
+# and built inside the suite it held up the GRPO runs while contending with the short tests.
 test: install
 	@if [ -z "$(VLLM_WHY_NOT)$(VERL_EXT_SKIP_VLLM)" ]; then $(MAKE) --no-print-directory install-vllm > $(VLLM_VENV).log 2>&1 & fi; \
-	main=0; $(FLOAT_PATH) $(BIN)/python -m pytest -q $(WORKERS) --durations=15 --ignore=tests/vllm_engine $(ARGS) \
+	main=0; $(FLOAT_PATH) $(BIN)/python -m verl_ext.demo.build --data-dir $${VERL_EXT_DATA_DIR:-data} || main=$$?; \
+	$(FLOAT_PATH) $(BIN)/python -m pytest -q $(WORKERS) --durations=15 --ignore=tests/vllm_engine $(ARGS) \
 		|| main=$$?; \
 	wait; vllm=0; $(MAKE) --no-print-directory test-vllm || vllm=$$?; \
 	test $$main = 0 -a $$vllm = 0 || { echo "make test failed: main suite exit $$main, vLLM suite exit $$vllm"; exit 1; }
