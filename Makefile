@@ -18,8 +18,10 @@ VLLM_WHY_NOT := $(shell scripts/install_vllm_env.sh --why-not)
 FLOAT_PATH := $(if $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo y),\
 	ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2)
 RECIPE ?= demo_cpu
-# The main suite on two pytest-xdist workers, a module at a time each, the GRPO runs first on one (tests/conftest.py)
-WORKERS ?= -n 2 --dist loadscope --no-loadscope-reorder
+# pytest-xdist workers for the main suite, e.g. WORKERS="-n 8 --dist loadscope --no-loadscope-reorder" on a larger
+# machine (tests/conftest.py: a module at a time each, the GRPO runs one unit, first). None by default: on 2 cores
+# the suite is CPU-bound throughout, and two workers took as long in CI's conditions (24.3 against 24.2 minutes).
+WORKERS ?=
 ARGS ?=
 VLLM_ARGS ?=
 
@@ -31,8 +33,10 @@ $(INSTALLED): setup.py constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU torch wheel first: verl's resolution must not pull a CUDA build.
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,bench]'
+	# --no-compile: Python compiles what is imported when first imported; compiling every installed module up front
+	# cost more CPU than the rest of the install (26 of 39 s for torch and transformers alone)
+	$(BIN)/pip install --quiet --no-compile torch==2.13.0
+	$(BIN)/pip install --quiet --no-compile -c constraints.txt -e '.[test,bench]'
 	touch $@
 
 install-vllm: $(VLLM_INSTALLED)
@@ -56,8 +60,8 @@ endif
 # background while the main suite runs (mostly downloads and unpacking: minutes the suite's waits absorb); its
 # log is $(VLLM_VENV).log, and test-vllm builds it again in the foreground if that failed. --durations: CI's log
 # names the slowest tests (the whole run must stay under 25 minutes on 2 cores).
-# The embedded default is built first, on both cores, before the two test workers start: most of the suite reads it,
-# and built inside the suite it held up the GRPO runs while contending with the short tests.
+# The embedded default is built first (most of the suite reads it; with WORKERS, built inside the suite it held up
+# the GRPO runs while contending with the short tests).
 test: install
 	@if [ -z "$(VLLM_WHY_NOT)$(VERL_EXT_SKIP_VLLM)" ]; then $(MAKE) --no-print-directory install-vllm > $(VLLM_VENV).log 2>&1 & fi; \
 	main=0; $(FLOAT_PATH) $(BIN)/python -m verl_ext.demo.build --data-dir $${VERL_EXT_DATA_DIR:-data} || main=$$?; \

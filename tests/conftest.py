@@ -3,10 +3,10 @@ from pathlib import Path
 import pytest
 from verl_ext_testing import demo_data_dir as _demo_data_dir
 
-# `make test` runs the suite on two pytest-xdist workers (-n 2 --dist loadscope --no-loadscope-reorder), a module
-# at a time each, so a module's fixtures (a Ray cluster, a model) start once. The real GRPO runs (a minute and more
-# each, CPU-bound on 2 cores) are one unit, given out first: they run one after another on one worker, and the
-# short tests fill the other core (two runs at once would only contend, and double the memory).
+# Under pytest-xdist (make test WORKERS="-n N --dist loadscope --no-loadscope-reorder") each worker takes a module at
+# a time, so a module's fixtures (a Ray cluster, a model) start once. The real GRPO runs (a minute and more each,
+# CPU-bound) are one unit, given out first: they run one after another on one worker while the short tests fill the
+# others (two runs at once would only contend, and double the memory).
 GRPO_RUNS = "tests/integration"
 
 
