@@ -33,10 +33,8 @@ $(INSTALLED): setup.py constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU torch wheel first: verl's resolution must not pull a CUDA build.
-	# --no-compile: Python compiles what is imported when first imported; compiling every installed module up front
-	# cost more CPU than the rest of the install (26 of 39 s for torch and transformers alone)
-	$(BIN)/pip install --quiet --no-compile torch==2.13.0
-	$(BIN)/pip install --quiet --no-compile -c constraints.txt -e '.[test,bench]'
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,bench]'
 	touch $@
 
 install-vllm: $(VLLM_INSTALLED)

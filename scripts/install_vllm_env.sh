@@ -13,8 +13,9 @@ VENV=${1:?usage: $0 VENV | --why-not}
 
 PYTHON=${PYTHON:-python3}
 test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
-# --no-compile: modules are compiled when first imported, not all up front (most of an install's CPU; Makefile)
-PIP=("$VENV/bin/pip" install --quiet --disable-pip-version-check --no-compile)
+# Byte-compiled at install (pip's default), not left to first import: where PYTHONDONTWRITEBYTECODE is set (this
+# project's CI machines) an uncompiled module is compiled again by every process that imports it.
+PIP=("$VENV/bin/pip" install --quiet --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip
 # PyPI's torch 2.11.0 with its CUDA libraries: it runs on CPU, and without them libtorch does not load.
 "${PIP[@]}" -c constraints-vllm.txt torch torchvision torchaudio
