@@ -15,11 +15,12 @@ prompt's history in the second), and the history is saved and loaded as a checkp
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
+from verl_ext.speculation.draft_request import DraftRequest, prompt_key
 
 PROMPTS, SIBLINGS, EPOCHS, ROUNDS = 2, 2, 2, 4
 PROMPT_LEN, ANSWER_LEN = 12, 4 * (MAX_DRAFT_TOKENS + 1)
@@ -50,10 +51,8 @@ class MadeUpBatch:
         return taken
 
 
-def rehearse_speculator(speculator, device_done: Callable[[], bool] = lambda: False) -> None:
+def rehearse_speculator(speculator) -> None:
     """The HF engine's loop (speculation/speculator.py's docstring) on ``speculator``, a scratch one."""
-    from verl_ext.speculation.drafters.base import DraftRequest, prompt_key
-
     batch = MadeUpBatch()
     for _ in range(EPOCHS):
         rows = batch.epoch()
@@ -61,7 +60,7 @@ def rehearse_speculator(speculator, device_done: Callable[[], bool] = lambda: Fa
             requests = [DraftRequest(seq_id, prompt_key(prompt), prompt, list(output))
                         for seq_id, prompt, output in rows]
             drafts = speculator.propose(requests, [MAX_DRAFT_TOKENS] * len(requests))
-            speculator.overlap(device_done)  # the prefetcher fills its outcome tables
+            speculator.overlap(lambda: False)  # the prefetcher fills all its outcome tables
             speculator.record(requests, drafts, [max(0, t - 1) for t in batch.advance(rows, drafts)])
         for seq_id, prompt, output in rows:
             speculator.observe(prompt_key(prompt), prompt, output)
