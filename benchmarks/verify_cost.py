@@ -93,6 +93,10 @@ def main() -> None:
             time_steps(engine, budgets, requests, by_draft[k])
     report, rows = table(by_draft)
     print(report)
+    if not rows:  # nothing to fit: say so rather than fail on an empty table
+        raise SystemExit(f"verify_cost.py: no range of batch sizes ran {MIN_STEPS} steps of each kind for two draft "
+                         f"lengths (--profile {args.profile}: its answers end within a few steps); more --rounds, "
+                         f"or --profile long")
     print(ceiling(rows))
 
 

@@ -12,6 +12,15 @@ fi
 VENV=${1:?usage: $0 VENV | --why-not}
 
 PYTHON=${PYTHON:-python3}
+# About 7 GB once built, more while pip unpacks: say so before starting rather than fail midway with ENOSPC (CI's
+# run of 2026-12-06 did, on a disk that other checkouts had filled).
+NEED_GB=9
+FREE_GB=$(df -Pk "$(dirname "$VENV")" | awk 'NR == 2 { print int($4 / 1048576) }')
+if ((FREE_GB < NEED_GB)); then
+    echo "install_vllm_env.sh: the vLLM environment needs about $NEED_GB GB free; $(dirname "$VENV") has $FREE_GB GB:" \
+         "free some space, or put it on a larger disk (make VLLM_VENV=/path/.venv-vllm)" >&2
+    exit 1
+fi
 test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
 # Byte-compiled at install (pip's default), not left to first import: where PYTHONDONTWRITEBYTECODE is set (this
 # project's CI machines) an uncompiled module is compiled again by every process that imports it.

@@ -25,3 +25,30 @@ def hybrid_model(family: str, dtype: torch.dtype, attn_implementation: str = "ea
     model = AutoModelForCausalLM.from_config(CONFIGS[family](**config), attn_implementation=attn_implementation,
                                              experts_implementation="eager")
     return model.to(dtype).eval()
+
+
+def packed_sequences_rule(rule, calls: list[int]):
+    """A delta-rule kernel with flash-linear-attention's variable-length interface (`cu_seqlens`: B = 1, the
+    sequences end to end, one starting state each) built from `rule`, run on each sequence alone: the CPU's
+    reference for the packed route flash-linear-attention takes on CUDA. Each packed call appends its count of
+    sequences to `calls`; without `cu_seqlens` it is `rule` itself."""
+
+    def packed(q, k, v, g, beta, initial_state=None, output_final_state=False, cu_seqlens=None, **options):
+        if cu_seqlens is None:
+            return rule(q, k, v, g=g, beta=beta, initial_state=initial_state, output_final_state=output_final_state,
+                        **options)
+        assert q.shape[0] == 1 and cu_seqlens.dtype == torch.long, (q.shape, cu_seqlens.dtype)
+        bounds = cu_seqlens.tolist()
+        assert bounds[0] == 0 and bounds[-1] == q.shape[1] and all(a < b for a, b in zip(bounds, bounds[1:])), bounds
+        assert initial_state is None or len(initial_state) == len(bounds) - 1
+        calls.append(len(bounds) - 1)
+        outputs, finals = [], []
+        for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            start = None if initial_state is None else initial_state[i:i + 1]
+            o, final = rule(q[:, a:b], k[:, a:b], v[:, a:b], g=g[:, a:b], beta=beta[:, a:b], initial_state=start,
+                            output_final_state=output_final_state, **options)
+            outputs.append(o)
+            finals.append(final)
+        return torch.cat(outputs, 1), torch.cat(finals) if output_final_state else None
+
+    return packed

@@ -16,7 +16,7 @@ import torch
 from attention_testing import Result, _result, grouped_response_log_probs, make_case, shared_prefix_result, \
     standard_result, violations
 from family_check import fp64_throughout
-from hybrid_models import CONFIGS, hybrid_model
+from hybrid_models import CONFIGS, hybrid_model, packed_sequences_rule
 
 from verl_ext.attention.kinds import MIXERS
 
@@ -77,3 +77,18 @@ def test_responses_reading_a_siblings_state_are_caught(family, monkeypatch):
         monkeypatch.setattr(type(kind), "forward", lambda self, call, forward, args, kwargs: forward(*args, **kwargs))
     problems = _compare_fp64(hybrid_model(family, torch.float64), parts=(1,))
     assert any(p.startswith("whole packed: log_probs") for p in problems), problems
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+def test_a_kernel_taking_packed_sequences_gets_them_packed_and_stays_exact(family, monkeypatch):
+    """flash-linear-attention's delta rule (CUDA) takes the runs packed end to end with `cu_seqlens`, one starting
+    state each, and empty runs left out; here a kernel of that interface built from transformers' torch rule stands
+    in for it (tests/hybrid_models.py), and the grouped forward must stay exact in fp64 and go the packed route."""
+    model = hybrid_model(family, torch.float64)
+    calls = []
+    for module in model.modules():
+        if hasattr(module, "chunk_gated_delta_rule"):
+            monkeypatch.setattr(module, "chunk_gated_delta_rule",
+                                packed_sequences_rule(module.chunk_gated_delta_rule, calls))
+    assert _compare_fp64(model) == []
+    assert calls and max(calls) > 1, calls  # packed calls, several sequences in one

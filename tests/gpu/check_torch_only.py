@@ -4,6 +4,7 @@ no download, well under 64 MiB brought along), one table printed last, about 4 m
 
     python tests/gpu/check_torch_only.py          # on a CUDA machine (exit 1 if a check fails)
     python tests/gpu/check_torch_only.py --dry    # on CPU: the same plumbing on tiny shapes (the suite runs it)
+    python tests/gpu/check_torch_only.py --hybrid-only   # the hybrid's equivalence and timing alone (a short lease)
 
 1. equivalence: the grouped forward on FlexAttention (`flex`) and on PyTorch's SDPA (`sdpa`) against the standard
    forward, all three in bf16, each against an fp64 standard reference: log-probs, entropies and every parameter's
@@ -15,7 +16,8 @@ no download, well under 64 MiB brought along), one table printed last, about 4 m
    GRPO group, Lp = 4096 and 8192, G = 16, Lr = 256: standard, grouped `sdpa`, grouped `flex`, with the
    theoretical token ratio, the speed-up, peak memory and FlexAttention's first-call (compile) time; and a
    Qwen3.5-shaped 0.8B hybrid at Lp = 4096 (its linear layers on flash-linear-attention when that wheel is
-   installed, e.g. carried along as a wheel: pure Python and Triton; else on transformers' torch path).
+   installed, e.g. carried along as a wheel: pure Python and Triton, where it trains on this GPU and Triton; else
+   on transformers' torch path, a row saying why).
 3. rollout: verl_ext's HF rollout of the same model in fp32, 64 prompts, greedy, after a
    first pass recorded as the history (as a policy revisiting its prompts): outputs identical with every
    drafter, tokens/s without speculation, with synchronous NgramRL drafting and with prefetch overlapping the
@@ -29,6 +31,7 @@ verdicts read "pass?"/"fail?" and do not fail it (fp32 on CPU is not what the ba
 """
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -53,6 +56,7 @@ from attention_testing import (  # noqa: E402
     shared_prefix_result,
     standard_causal_lm_forward,
 )
+from family_check import fp64_throughout  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3_5ForCausalLM, Qwen3_5TextConfig  # noqa: E402
 
 from verl_ext.attention import (  # noqa: E402
@@ -103,6 +107,63 @@ def _model(config: dict, dtype: torch.dtype, device: str) -> torch.nn.Module:
     return model.to(device=device, dtype=dtype)
 
 
+def _on_torch_kernels(model: torch.nn.Module) -> torch.nn.Module:
+    """A hybrid's linear-attention layers on transformers' torch path, the same weights: the fp64 reference's
+    (flash-linear-attention's kernels and gated norm, chosen at build where it is installed, are Triton kernels
+    for 16- and 32-bit floats), and a model's where flash-linear-attention refuses to train."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen3_5
+
+    for module in model.modules():
+        if isinstance(module, qwen3_5.Qwen3_5GatedDeltaNet):
+            module.chunk_gated_delta_rule = qwen3_5.torch_chunk_gated_delta_rule
+            module.recurrent_gated_delta_rule = qwen3_5.torch_recurrent_gated_delta_rule
+            norm = qwen3_5.Qwen3_5RMSNormGated(module.head_v_dim, eps=module.layer_norm_epsilon)
+            norm.weight.data = module.norm.weight.data.clone()  # the same weight, device and dtype
+            module.norm = norm
+    return model
+
+
+@functools.cache
+def _fla_refusal(device: str) -> str | None:
+    """Why flash-linear-attention's delta rule cannot train here, or None (also where it is not installed):
+    fla 0.6.0 refuses its backward on Hopper with Triton < 3.7.1 (wrong gradients, fla issue #640; an H100 with
+    Triton 3.6.0, 2026-12-06). Tried once, on a small input."""
+    if device != "cuda":
+        return None
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError:
+        return None
+    q, k, v = (torch.randn(1, 128, 2, 64, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in "qkv")
+    g = torch.nn.functional.logsigmoid(torch.randn(1, 128, 2, device=device)).requires_grad_()
+    beta = torch.rand(1, 128, 2, device=device, dtype=torch.bfloat16).requires_grad_()
+    try:
+        out, _ = chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
+        out.float().sum().backward()
+    except RuntimeError as error:
+        return str(error).split("(")[0].strip()
+    return None
+
+
+def _hybrid_on_kernels_that_train(model: torch.nn.Module, device: str, where: str) -> torch.nn.Module:
+    """`model`, its linear layers moved to transformers' torch path where flash-linear-attention refuses to train
+    here (one row says so)."""
+    refusal = _fla_refusal(device)
+    if refusal is None:
+        return model
+    report(where, "flash-linear-attention refuses to train here: torch path instead", refusal[:64])
+    return _on_torch_kernels(model)
+
+
+def _linear_kernel(model: torch.nn.Module) -> str:
+    """Which delta-rule kernel a hybrid's linear layers run, and whether the grouped forward packs their runs."""
+    from verl_ext.attention.kernels.recurrent import takes_cu_seqlens
+
+    rule = next(m.chunk_gated_delta_rule for m in model.modules() if hasattr(m, "chunk_gated_delta_rule"))
+    route = "runs packed, cu_seqlens" if takes_cu_seqlens(rule) else "runs right-padded"
+    return f"{rule.__module__}.{rule.__name__} ({route})"
+
+
 def _name(config: dict) -> str:
     return "Qwen3.5-shaped" if "layer_types" in config else "Qwen2"
 
@@ -136,10 +197,15 @@ def _noise_floors(ref, dtype: torch.dtype) -> dict[str, float]:
 
 def equivalence(device: str, dtype: torch.dtype, config: dict = TINY) -> None:
     case = make_case([("a", 40, [12, 30, 7, 25]), ("b", 23, [18, 5]), ("c", 61, [9, 14, 33])], seed=3)
-    model, reference_model = _model(config, dtype, device), _model(config, torch.float64, device)
+    model, reference_model = _model(config, dtype, device), _on_torch_kernels(_model(config, torch.float64, device))
     reference_model.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
-    ref = _result(reference_model, *response_log_probs(
-        standard_causal_lm_forward(reference_model, case.prompts, case.responses), case.responses))
+    if "layer_types" in config:
+        model = _hybrid_on_kernels_that_train(model, device, "equivalence")
+        report("equivalence", f"hybrid, {str(dtype).replace('torch.', '')}: linear layers' kernel",
+               _linear_kernel(model))
+    with fp64_throughout():  # transformers' own casts to fp32 (norms, the delta rule) kept in fp64 too
+        ref = _result(reference_model, *response_log_probs(
+            standard_causal_lm_forward(reference_model, case.prompts, case.responses), case.responses))
     standard_result = _result(model, *response_log_probs(
         standard_causal_lm_forward(model, case.prompts, case.responses), case.responses))
     standard = _errors(standard_result, ref)
@@ -148,6 +214,10 @@ def equivalence(device: str, dtype: torch.dtype, config: dict = TINY) -> None:
         kernels = KERNELS[backend]
         for layout in ("packed", "padded"):
             where = f"{_tag(config)}{backend}, {layout}, {dtype}".replace("torch.", "")
+            if backend == "flex" and layout == "padded" and device == "cuda":
+                report("equivalence", f"{where}: not run", "Triton 3.6 aborts the process compiling it on an H100 "
+                       "(LLVM SLPVectorizer assertion, 2026-12-06)", None)
+                continue
             if backend == "flex" and device == "cpu":  # no CPU backward: the forward against the reference
                 with torch.no_grad():
                     lp, _ = grouped_response_log_probs(model, case.prompts, case.responses, case.uids, layout, kernels)
@@ -244,6 +314,9 @@ def timing(device: str, dtype: torch.dtype, config: dict, cases: list[tuple[int,
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()  # checkpointing is active in training mode only; Qwen2 has no dropout
     size = f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f}B {_name(config)}"
+    if "layer_types" in config:
+        model = _hybrid_on_kernels_that_train(model, device, "fwd+bwd timing")
+        report("fwd+bwd timing", f"{size}: linear layers' kernel", _linear_kernel(model))
     methods = ["standard", "sdpa"] + ([] if device == "cpu" else ["flex"])  # flex: no CPU backward
     for lp, g, lr in cases:
         gen = torch.Generator().manual_seed(lp)
@@ -318,10 +391,10 @@ def verify_cost_table() -> None:
     import subprocess
 
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, str(root / "benchmarks" / "verify_cost.py"), "--device", "cuda",
-                           "--profile", "full"], capture_output=True, text=True, cwd=root, timeout=300)
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "verify_cost.py"), "--device", "cuda"],
+                          capture_output=True, text=True, cwd=root, timeout=300)  # --profile long: rounds of 384
     print(done.stdout[-6000:], done.stderr[-2000:] if done.returncode else "", flush=True)
-    report("verify cost", "benchmarks/verify_cost.py --device cuda --profile full",
+    report("verify cost", "benchmarks/verify_cost.py --device cuda",
            "table above" if done.returncode == 0 else f"failed (exit {done.returncode}), output above",
            done.returncode == 0)
 
@@ -343,6 +416,7 @@ def main() -> int:
     parser.add_argument("--dry", action="store_true", help="CPU, tiny shapes: the script's own plumbing")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--verify-cost", action="store_true", help="also benchmarks/verify_cost.py --device cuda")
+    parser.add_argument("--hybrid-only", action="store_true", help="the hybrid's sections alone")
     args = parser.parse_args()
     if not args.dry and not torch.cuda.is_available():
         sys.exit("check_torch_only.py: needs a CUDA GPU visible to torch (or --dry on CPU)")
@@ -352,6 +426,11 @@ def main() -> int:
     if not args.dry:
         torch.backends.cuda.matmul.allow_tf32 = False
     started = time.perf_counter()
+    if args.hybrid_only:
+        section(equivalence, device, dtype, TINY_HYBRID)
+        shape = (TINY_HYBRID, [(32, 4, 8)]) if args.dry else (QWEN35_0P8B, [(4096, 16, 256)])
+        section(timing, device, dtype, *shape, repeats=args.repeats)
+        return _table(args, started)
     section(equivalence, device, dtype)
     section(equivalence, device, dtype, TINY_HYBRID)
     if args.dry:
@@ -367,6 +446,10 @@ def main() -> int:
         section(rollout, device, torch.float32, QWEN25_1P5B, batch=64, prompt_len=512, response_len=256)
         if args.verify_cost:
             section(verify_cost_table)
+    return _table(args, started)
+
+
+def _table(args, started: float) -> int:
     print(f"\n== verl_ext GPU check ({'dry, CPU' if args.dry else torch.cuda.get_device_name()}; torch "
           f"{torch.__version__}; {time.perf_counter() - started:.0f} s)")
     for row in ROWS:

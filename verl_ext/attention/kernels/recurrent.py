@@ -8,6 +8,9 @@ delta rule's recurrent state, gathered from the prompt's run, or handed in when 
 responses, as for the prefix's keys and values.
 """
 
+import functools
+import inspect
+
 import torch
 import torch.nn.functional as F
 
@@ -100,20 +103,48 @@ def segment_delta_rule(
     **options,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """([N, H, V] outputs, [n_groups, H, K, V] each prompt's final state, or `initial`): prompts from a zero state,
-    each response from its prompt's final state, all prompts in one call of `rule` and all responses in another."""
+    each response from its prompt's final state, all prompts in one call of `rule` and all responses in another.
+    A kernel that takes `cu_seqlens` (flash-linear-attention's) gets the runs packed end to end, one starting state
+    each; any other gets them right-padded to the longest, the pads inert (beta = 0, g = 0)."""
     out = value.new_zeros(*value.shape)
     state = initial
     inputs = (query, key, value, g, beta)
+    run = _packed_runs if takes_cu_seqlens(rule) else _padded_runs
     if seg.max_prompt:
-        index, mask = _blocks(seg.prompt_start, seg.prompt_len, seg.max_prompt)
-        q, k, v, gb, bb = (_gather(t, index, mask) for t in inputs)
-        o, state = rule(q, k, v, g=gb, beta=bb, initial_state=None, output_final_state=True, **options)
-        out = out.index_put((index[mask],), o[mask].to(out.dtype))
+        out, state = run(rule, inputs, seg.prompt_start, seg.prompt_len, seg.max_prompt, None, out, options)
     if len(seg.response_start):
-        index, mask = _blocks(seg.response_start, seg.response_len, seg.max_response)
-        q, k, v, gb, bb = (_gather(t, index, mask) for t in inputs)
         n = len(seg.response_start)
         starting = state[seg.response_group] if seg.max_prompt else state.expand(n, *state.shape[1:])
-        o, _ = rule(q, k, v, g=gb, beta=bb, initial_state=starting, output_final_state=False, **options)
-        out = out.index_put((index[mask],), o[mask].to(out.dtype))
+        out, _ = run(rule, inputs, seg.response_start, seg.response_len, seg.max_response, starting, out, options)
     return out, state
+
+
+@functools.cache
+def takes_cu_seqlens(rule) -> bool:
+    """Whether the delta rule kernel runs variable-length sequences packed in one row (`cu_seqlens`)."""
+    try:
+        return "cu_seqlens" in inspect.signature(rule).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: the padded runs
+        return False
+
+
+def _padded_runs(rule, inputs, start, length, width, starting, out, options):
+    """`rule` over the runs right-padded into [n, width]; with `starting` None, each run's final state out."""
+    index, mask = _blocks(start, length, width)
+    q, k, v, gb, bb = (_gather(t, index, mask) for t in inputs)
+    o, final = rule(q, k, v, g=gb, beta=bb, initial_state=starting, output_final_state=starting is None, **options)
+    return out.index_put((index[mask],), o[mask].to(out.dtype)), final
+
+
+def _packed_runs(rule, inputs, start, length, width, starting, out, options):
+    """`rule` over the runs packed end to end in one row, their bounds in `cu_seqlens` (no run is empty:
+    RecurrentSegments holds non-empty responses, and prompts run here only where none ran apart)."""
+    index = torch.repeat_interleave(start, length) + _within(length)
+    cu_seqlens = F.pad(torch.cumsum(length, 0), (1, 0))
+    q, k, v, gb, bb = (t[index].unsqueeze(0) for t in inputs)
+    if starting is None:  # the prompts: from zero, each one's final state wanted
+        o, final = rule(q, k, v, g=gb, beta=bb, output_final_state=True, cu_seqlens=cu_seqlens, **options)
+    else:
+        o, final = rule(q, k, v, g=gb, beta=bb, initial_state=starting.contiguous(), output_final_state=False,
+                        cu_seqlens=cu_seqlens, **options)
+    return out.index_put((index,), o[0].to(out.dtype)), final
