@@ -3,10 +3,10 @@ from pathlib import Path
 import pytest
 from verl_ext_testing import demo_data_dir as _demo_data_dir
 
-# Under pytest-xdist (make test WORKERS="-n N --dist loadscope --no-loadscope-reorder") each worker takes a module at
-# a time, so a module's fixtures (a Ray cluster, a model) start once. The real GRPO runs (a minute and more each,
-# CPU-bound) are one unit, given out first: they run one after another on one worker while the short tests fill the
-# others (two runs at once would only contend, and double the memory).
+# Under pytest-xdist (--dist loadscope) each worker takes a module at a time, so a module's fixtures (a Ray cluster,
+# a model) start once. The real GRPO runs (a minute and more each, CPU-bound) carry the grpo_runs marker: make test
+# runs them first in one process, then the rest on workers. Where all run under xdist at once they are one unit,
+# given out first: one after another on one worker (two runs at once would only contend, and double the memory).
 GRPO_RUNS = "tests/integration"
 
 
@@ -27,6 +27,9 @@ def _unit(nodeid: str) -> str:
 
 def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: _unit(item.nodeid) != GRPO_RUNS)  # stable: the GRPO runs first, else as collected
+    for item in items:  # `-m grpo_runs` / `-m "not grpo_runs"`: make test's two parts
+        if _unit(item.nodeid) == GRPO_RUNS:
+            item.add_marker(pytest.mark.grpo_runs)
 
 
 @pytest.hookimpl(optionalhook=True)  # the vLLM environment runs its suite without xdist
