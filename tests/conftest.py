@@ -32,7 +32,7 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.grpo_runs)
 
 
-@pytest.hookimpl(optionalhook=True)  # the vLLM environment runs its suite without xdist
+@pytest.hookimpl(optionalhook=True)  # only where pytest-xdist is installed
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadscope":
         return None
