@@ -21,8 +21,8 @@ RECIPE ?= demo_cpu
 # The main suite runs in two parts: tests/integration's real GRPO runs in one process (each run is a Ray cluster of
 # its own that keeps both cores busy), then the other tests on pytest-xdist workers, a module at a time each
 # (tests/conftest.py). In one process those used one core of two: 485 s there, 322 s on two workers (2026-12-06).
-# The vLLM suite runs on them too (its GRPO run on one, the engine tests on another: 276 s against 212 s).
-# WORKERS= (empty) runs each in one process.
+# WORKERS= (empty) runs them in one process. The vLLM suite runs in one process: on two workers it took 313 s
+# against 276 s from a fresh clone (each worker imports vLLM to collect, and its GRPO run waits behind that).
 XDIST_WORKERS := $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$((n < 8 ? n : 8)))
 WORKERS ?= -n $(XDIST_WORKERS) --dist loadscope --no-loadscope-reorder
 ARGS ?=
@@ -83,8 +83,7 @@ else ifeq ($(VLLM_WHY_NOT),)
 	$(MAKE) --no-print-directory install-vllm
 	@broken=$$($(PYTHON) verl_ext/platform/vllm_cpu.py --probe $(VLLM_BIN)/python) || \
 		{ echo "the vLLM environment $(VLLM_VENV) is broken: $$broken (rebuild it: rm -rf $(VLLM_VENV); make install-vllm)"; exit 1; }
-	$(VLLM_BIN)/python -m pytest -q $(WORKERS) --durations=10 tests/vllm_engine tests/test_numba_cache_locator.py \
-		$(VLLM_ARGS)
+	$(VLLM_BIN)/python -m pytest -q --durations=10 tests/vllm_engine tests/test_numba_cache_locator.py $(VLLM_ARGS)
 else
 	@echo "vLLM tests skipped: $(VLLM_WHY_NOT)"
 endif
