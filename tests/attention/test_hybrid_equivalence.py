@@ -82,8 +82,8 @@ def test_responses_reading_a_siblings_state_are_caught(family, monkeypatch):
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
 def test_a_kernel_taking_packed_sequences_gets_them_packed_and_stays_exact(family, monkeypatch):
     """flash-linear-attention's delta rule (CUDA) takes the runs packed end to end with `cu_seqlens`, one starting
-    state each, and empty runs left out; here a kernel of that interface built from transformers' torch rule stands
-    in for it (tests/hybrid_models.py), and the grouped forward must stay exact in fp64 and go the packed route."""
+    state each, none empty; here a kernel of that interface built from transformers' torch rule stands in for it
+    (tests/hybrid_models.py), and the grouped forward must stay exact in fp64 and go the packed route."""
     model = hybrid_model(family, torch.float64)
     calls = []
     for module in model.modules():
