@@ -142,9 +142,7 @@ def _packed_runs(rule, inputs, start, length, width, starting, out, options):
     index = torch.repeat_interleave(start, length) + _within(length)
     cu_seqlens = F.pad(torch.cumsum(length, 0), (1, 0))
     q, k, v, gb, bb = (t[index].unsqueeze(0) for t in inputs)
-    if starting is None:  # the prompts: from zero, each one's final state wanted
-        o, final = rule(q, k, v, g=gb, beta=bb, output_final_state=True, cu_seqlens=cu_seqlens, **options)
-    else:
-        o, final = rule(q, k, v, g=gb, beta=bb, initial_state=starting.contiguous(), output_final_state=False,
-                        cu_seqlens=cu_seqlens, **options)
+    starting = None if starting is None else starting.contiguous()  # the kernel reads its rows as laid out
+    o, final = rule(q, k, v, g=gb, beta=bb, initial_state=starting, output_final_state=starting is None,
+                    cu_seqlens=cu_seqlens, **options)
     return out.index_put((index,), o[0].to(out.dtype)), final
