@@ -87,7 +87,8 @@ def test_every_compiled_function_of_verl_ext_goes_through_cached_njit():
     assert not bypassing, "compile with verl_ext.compat.numba.cached_njit instead:\n" + "\n".join(bypassing)
     users = {path.relative_to(PACKAGE_DIR).as_posix() for path, source in sources.items()
              if re.search(r"^@cached_njit$", source, re.M)}
-    assert {"vllm/step_kernel.py", "speculation/drafters/ngram_rl/compiled_match.py"} <= users
+    assert {"speculation/drafters/ngram_rl/matrix_step.py", "speculation/drafters/ngram_rl/compiled_match.py",
+            "speculation/request_tokens.py"} <= users
 
 
 def test_the_scan_sees_each_way_of_bypassing_it():
@@ -99,13 +100,13 @@ def test_the_scan_sees_each_way_of_bypassing_it():
 
 
 def test_verl_exts_kernels_get_our_locator_around_numbas_choice():
-    from verl_ext.vllm import step_kernel
+    from verl_ext.speculation.drafters.ngram_rl import matrix_step
 
-    locator = step_kernel.draft_step._cache._impl.locator
+    locator = matrix_step.draft_step._cache._impl.locator
     assert isinstance(locator, ReachedModulesLocator)
     # numba's first applicable locator: its user-wide directory where NUMBA_CACHE_DIR is set (the vLLM
     # environment), else __pycache__ beside the module
-    expected = next(filter(None, (cls.from_function(step_kernel.draft_step.py_func, step_kernel.__file__)
+    expected = next(filter(None, (cls.from_function(matrix_step.draft_step.py_func, matrix_step.__file__)
                                   for cls in caching.CacheImpl._locator_classes[1:])))
     assert type(locator.numbas_choice) is type(expected)
     assert locator.get_cache_path() == expected.get_cache_path()

@@ -6,8 +6,6 @@ import ast
 import sys
 from pathlib import Path
 
-import pytest
-
 import verl_ext
 
 PACKAGE = Path(verl_ext.__file__).parent
@@ -93,7 +91,6 @@ def test_speculation_stands_on_compat_alone():
     assert not {name: found for name, found in reaching_up.items() if found}
 
 
-@pytest.mark.xfail(strict=True, reason="#52 item 1: vllm/ still drafts through ngram_rl's kernels and members")
 def test_vllm_reaches_drafters_through_their_interface():
     ngram_rl = "verl_ext.speculation.drafters.ngram_rl"
     reaching_in = {path.name: sorted(m for m in imports(path) if m.startswith(ngram_rl))

@@ -11,7 +11,7 @@ import pytest
 from verl_ext.speculation import DraftRequest, SpeculationConfig, build_drafter, prompt_key
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
 from verl_ext.speculation.drafters.base import TokenRows, source_of
-from verl_ext.speculation.drafters.ngram_rl import distinct_prompts
+from verl_ext.speculation.drafters.ngram_rl.matrix_step import distinct_prompts
 
 
 def _tokens(rng: random.Random, vocab: int, n: int) -> list[int]:

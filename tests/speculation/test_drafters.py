@@ -130,3 +130,18 @@ def test_shorter_budget_gives_prefix_of_longer_draft(method, responses, output, 
     full = drafter.propose([req], [16])[0]
     short = drafter.propose([req], [budget])[0]
     assert short == full[:budget] and len(full) <= 16
+
+
+def test_a_drafter_that_observes_live_rows_takes_them_from_a_matrix_too():
+    # vLLM's route hands live rows as a token matrix (observe_live_rows); a drafter reading them one way only
+    # would lose its sibling source there without a word
+    import importlib
+
+    from verl_ext.speculation import Drafter
+    from verl_ext.speculation.factory import DRAFTERS
+
+    for module, name in DRAFTERS.values():
+        cls = getattr(importlib.import_module(module), name)
+        overrides = [getattr(cls, method) is not getattr(Drafter, method) for method in ("observe_live",
+                                                                                         "observe_live_rows")]
+        assert overrides[0] == overrides[1], (name, overrides)

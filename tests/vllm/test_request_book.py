@@ -13,6 +13,7 @@ from verl_ext_testing import PROMPT_ONLY
 from vllm_standins import InputBatchStandIn, RunnerStandIn, vllm_config_standin
 
 from verl_ext.speculation import SpecMetrics, SpeculationConfig, prompt_key
+from verl_ext.speculation.drafters.ngram_rl import NgramRLDrafter
 from verl_ext.speculation.prefetch import DraftPrefetcher
 from verl_ext.vllm.engine_args import drafter_settings
 from verl_ext.vllm.proposer import NgramRLProposer
@@ -249,6 +250,22 @@ def test_prefetch_changes_no_draft(interrupt_on_collect):
         assert stats.hits == stats.lookups and stats.stale == 0  # the history changed only between collect and submit
     assert prefetching.proposer.take_metrics().prefetch_lookups == stats.lookups
 
+
+
+@pytest.mark.parametrize("sources", [PROMPT_ONLY, {}], ids=["prompt", "every source"])
+def test_a_drafter_without_a_matrix_step_drafts_the_same_through_propose(monkeypatch, sources):
+    # the route of any drafter without the optional capability: DraftRequests, propose and observe_live_rows
+    compiled = Engine(num_draft_tokens=4, **sources)
+    monkeypatch.setattr(NgramRLDrafter, "matrix_step", lambda self: None)
+    general = Engine(num_draft_tokens=4, **sources)
+    drafted = []
+    for epoch in range(2):
+        batch = {f"{r}-{epoch}": target for r, target in SIBLINGS.items()}
+        steps = _rollout(general, batch)
+        assert steps == _rollout(compiled, batch)
+        drafted += [len(d) for drafts in steps for d in drafts]
+    assert sum(drafted) > 20 and 0 in drafted
+    assert general.proposer.take_metrics().by_source == compiled.proposer.take_metrics().by_source
 
 
 def test_siblings_draft_from_each_others_outputs_so_far():

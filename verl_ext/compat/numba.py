@@ -2,7 +2,7 @@
 and 0.68.1 (numba/core/caching.py: ``CacheImpl._locator_classes`` and the locators' interface, ``_CacheLocator``).
 
 numba stamps a cached function with its own source file only (0.65: its mtime and size; 0.68: a hash of its
-bytes). A kernel compiles in what it calls and the constants it reads from other modules (step_kernel calls
+bytes). A kernel compiles in what it calls and the constants it reads from other modules (matrix_step calls
 compiled_match, which reads config.MAX_DRAFT_TOKENS), and an edit to one of those alone would leave the kernel
 loading stale machine code. ``cached_njit`` caches as ``njit(nogil=True, cache=True)`` does, under a locator that
 adds to numba's stamp a digest of the function's module and every verl_ext module it imports, transitively.

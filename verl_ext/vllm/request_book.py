@@ -1,4 +1,5 @@
 """Between vLLM's persistent batch and a verl_ext drafter: rows -> prompts, drafts, finished responses -> history.
+It reaches the drafter through the ``Drafter`` interface only (speculation/drafters/base.py).
 
 Python and numpy: the proposer hands it the InputBatch fields below each step, so CPU tests drive it with
 plain arrays. Per step (one ``propose`` call of vLLM's model runner):
@@ -13,18 +14,20 @@ plain arrays. Per step (one ``propose`` call of vLLM's model runner):
     3. requests that left the batch and are no longer live (vLLM popped them from ``runner.requests``:
        finished or aborted) feed their response to the drafter; a request that left but is live (preempted,
        or not scheduled this step) keeps its tokens and picks up where it was when it returns;
-    4. the drafter takes in the rows' outputs so far (``observe_live``: ngram_rl's sibling source);
+    4. the drafter takes in the rows' outputs so far (``observe_live_rows``: ngram_rl's sibling source);
     5. the prefetcher (when on) starts drafting, in a background thread, the next step's drafts for every
        outcome of verifying this step's.
 
-Each row's draft names its source (ngram_rl's prompt / siblings / self / global); the next step's new tokens
-of the row say how many of it vLLM accepted (all of them but the last), counted by source.
+Each row's draft names its source (an index into the drafter's ``SOURCES``: ngram_rl's prompt / siblings / self
+/ global); the next step's new tokens of the row say how many of it vLLM accepted (all of them but the last),
+counted by source.
 
-Without a prefetcher, steps 2 and 4 and the bookkeeping of step 1 are one compiled call over the batch
-(step_kernel.draft_step): Python runs per row only to look requests up when the batch changed and to hand vLLM
-its ``list[list[int]]``. While the rows stay the same and no response has joined the history, the drafter keeps
-their prompts' index lookup too (ngram_rl's ``_SlotsMemo``). The prefetcher's tables are per-request Python, so
-with one the rows also become DraftRequests.
+A drafter with a MatrixStep (``Drafter.matrix_step``: ngram_rl's), without a prefetcher, runs steps 2 and 4 and
+the bookkeeping of step 1 as one compiled call over the batch: Python runs per row only to look requests up when
+the batch changed and to hand vLLM its ``list[list[int]]``; what the step keeps while the rows stay the same
+(ngram_rl: their prompts' index lookup) it prepares once per change of the rows. Otherwise (a drafter without
+one, or a prefetcher, whose tables are per-request Python) the rows that draft become DraftRequests, drafted by
+``propose`` (or the prefetcher's ``collect``).
 
 Threads: the book and its RequestTokens belong to the thread that calls vLLM's ``propose`` (the model runner's)
 and take no lock. With a prefetcher, its thread reads the drafter (under the drafter's own locks) and
@@ -53,12 +56,9 @@ from typing import NamedTuple
 import numpy as np
 
 from verl_ext.speculation import SpecMetrics, prompt_key
-from verl_ext.speculation.drafters.base import DraftRequest, TokenRows, source_of
-from verl_ext.speculation.drafters.ngram_rl import NgramRLDrafter, distinct_prompts
-from verl_ext.speculation.drafters.ngram_rl.compiled_match import SOURCES
+from verl_ext.speculation.drafters.base import DraftRequest, Drafter, TokenRows, source_of
 from verl_ext.speculation.prefetch import DraftPrefetcher
-from verl_ext.vllm import step_kernel
-from verl_ext.vllm.request_tokens import RequestTokens
+from verl_ext.speculation.request_tokens import RequestTokens
 
 
 @dataclass(frozen=True)
@@ -96,23 +96,24 @@ class _Rows(NamedTuple):
     requests: list[_Request]  # [B]
     slots: np.ndarray  # [B] int64 their rows in RequestTokens
     keys: np.ndarray  # [B] int64 their prompt keys
-    prompts: tuple[list[int], np.ndarray]  # distinct_prompts(keys)
+    prepared: object  # the drafter's MatrixStep.prepare(keys) (None without one)
     everyone: np.ndarray  # [B] int64 0..B-1
 
 
 _SLOT, _KEY = operator.attrgetter("slot"), operator.attrgetter("key")
 _NONE = np.zeros(0, dtype=np.int64)
-_NO_ROWS = _Rows([], [], [], _NONE, _NONE, ([], _NONE), _NONE)
+_NO_ROWS = _Rows([], [], [], _NONE, _NONE, None, _NONE)
 
 
 class RequestBook:
-    def __init__(self, drafter: NgramRLDrafter, num_draft_tokens: int, max_model_len: int,
+    def __init__(self, drafter: Drafter, num_draft_tokens: int, max_model_len: int,
                  prefetcher: DraftPrefetcher | None = None):
         self.drafter = drafter
         self.num_draft_tokens = num_draft_tokens
         self.prefetcher = prefetcher
+        self._matrix_step = drafter.matrix_step()  # used while no prefetcher is set
         self._requests: dict[str, _Request] = {}  # in the batch, or out of it but live
-        self._tokens = RequestTokens(max_model_len, len(SOURCES))  # drafts' sources index SOURCES
+        self._tokens = RequestTokens(max_model_len, len(drafter.SOURCES))  # drafts' sources index SOURCES
         self._seq_ids = itertools.count()
         self._rows = _NO_ROWS
         self._rows_current = False  # False: a request of self._rows was retired since (look them up again)
@@ -130,7 +131,7 @@ class RequestBook:
         num_rows = len(sampled_token_ids)
         new_batch = self._sync_rows(rows, num_rows, live)
         sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=num_rows)  # [B]
-        if self.prefetcher is None:
+        if self._matrix_step is not None and self.prefetcher is None:
             return self._propose_compiled(rows, num_rows, sampled, live, new_batch)
         requests, slots, keys = self._rows.requests, self._rows.slots, self._rows.keys
         num_tokens, budgets, to_draft = self._tokens.step(slots, rows.token_ids, rows.num_tokens, sampled,
@@ -141,7 +142,8 @@ class RequestBook:
         draft_requests = [self._draft_request(requests[i]) for i in to_draft.tolist()]
         proposed, sizes, sources = self._collect(draft_requests, budgets[to_draft].tolist())
         self._take_in(live, keys, in_flight)
-        self.prefetcher.submit(draft_requests, proposed)
+        if self.prefetcher is not None:
+            self.prefetcher.submit(draft_requests, proposed)
         self._tokens.handed(slots, to_draft, sources, sizes)
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
         for i, draft in zip(to_draft.tolist(), proposed):
@@ -150,21 +152,20 @@ class RequestBook:
 
     def _propose_compiled(self, rows: BatchRows, num_rows: int, sampled: np.ndarray, live: Mapping[str, object],
                           new_batch: bool) -> list[list[int]]:
-        """propose without a prefetcher: the step is one compiled call over the batch (step_kernel.draft_step)."""
+        """propose through the drafter's MatrixStep: the step is one compiled call over the batch."""
         keys = self._rows.keys
         if new_batch:  # the last batch's responses first: this step drafts from them
             self._take_in(live, keys, self._in_flight(rows, num_rows))
-        drafts, edges, layout = step_kernel.draft_step(
-            self._tokens.arrays(), self._rows.slots, rows.token_ids, rows.num_tokens, rows.num_prompt_tokens, sampled,
-            self.num_draft_tokens, self.drafter.kernel_sources(keys, self._rows.prompts), self.drafter.live is not None)
+        drafts, edges = self._matrix_step.draft(self._tokens, self._rows.slots, rows.token_ids, rows.num_tokens,
+                                                rows.num_prompt_tokens, sampled, self.num_draft_tokens, keys,
+                                                self._rows.prepared)
         self.retire(self._out_of_batch, live)
-        self.drafter.observe_live_layout(layout)
         return _draft_lists(drafts, edges)
 
     def take_source_counts(self) -> SpecMetrics:
         """Drafts, drafted and accepted tokens by the drafts' sources (``by_source`` only) since the last call."""
         counts = SpecMetrics()
-        counts.record_source_tally(SOURCES, self._tokens.take_tally())
+        counts.record_source_tally(self.drafter.SOURCES, self._tokens.take_tally())
         return counts
 
     def _sync_rows(self, rows: BatchRows, num_rows: int, live: Mapping[str, object]) -> bool:
@@ -182,8 +183,8 @@ class RequestBook:
                 requests[i] = self._request(rows, i, ids[i], handles[i])
         slots = np.fromiter(map(_SLOT, requests), dtype=np.int64, count=num_rows)
         keys = np.fromiter(map(_KEY, requests), dtype=np.int64, count=num_rows)
-        self._rows = _Rows(list(ids), handles, requests, slots, keys, distinct_prompts(keys),
-                           np.arange(num_rows, dtype=np.int64))
+        prepared = None if self._matrix_step is None else self._matrix_step.prepare(keys)
+        self._rows = _Rows(list(ids), handles, requests, slots, keys, prepared, np.arange(num_rows, dtype=np.int64))
         self._rows_current = num_rows > 0
         self._out_of_batch = {req_id for req_id in self._requests if req_id not in in_batch}
         return new_batch
@@ -200,11 +201,14 @@ class RequestBook:
         return request
 
     def _collect(self, requests: list[DraftRequest], budgets: list[int]) -> tuple:
-        """The prefetcher's drafts (foreseen, else drafted now) as (lists, [n] sizes, [n] source indexes)."""
-        collected = self.prefetcher.collect(requests, budgets)
+        """The drafts (the prefetcher's, foreseen, else drafted now) as (lists, [n] sizes, [n] source indexes)."""
+        if self.prefetcher is None:
+            collected = self.drafter.propose(requests, budgets)
+        else:
+            collected = self.prefetcher.collect(requests, budgets)
         proposed = [[int(t) for t in draft[:budget]] for draft, budget in zip(collected, budgets)]
-        # a plain list is the prompt index's outcome table (ngram_rl's other sources name themselves)
-        sources = [SOURCES.index(source_of(draft, "prompt")) for draft in collected]
+        names = self.drafter.SOURCES  # a plain list stands for its second
+        sources = [names.index(source_of(draft, names[1])) for draft in collected]
         return (proposed, np.fromiter(map(len, proposed), np.int64, len(proposed)),
                 np.asarray(sources, dtype=np.int64))
 

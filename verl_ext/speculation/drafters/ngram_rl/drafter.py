@@ -25,6 +25,7 @@ from verl_ext.speculation.config import MAX_DRAFT_TOKENS, SpeculationConfig
 from verl_ext.speculation.drafters.base import Draft, DraftRequest, Drafter, DrafterStats, TokenRows
 from verl_ext.speculation.drafters.ngram_rl.history_cache import HistoryCache
 from verl_ext.speculation.drafters.ngram_rl.live_outputs import EMPTY_LAYOUT, LiveLayout, LiveOutputs
+from verl_ext.speculation.drafters.ngram_rl.matrix_step import NgramRLMatrixStep, distinct_prompts
 from verl_ext.speculation.drafters.ngram_rl.outcome_table import OutcomeLevels, OutcomeTable
 from verl_ext.speculation.drafters.ngram_rl.prompt_arena import ArenaView, PromptArena
 from verl_ext.speculation.drafters.ngram_rl.prompt_index import PromptIndex
@@ -66,12 +67,6 @@ def _tails(requests: Sequence[DraftRequest], n: int) -> tuple[np.ndarray, np.nda
 
 def _prompt_keys(requests: Sequence[DraftRequest]) -> np.ndarray:
     return np.fromiter((r.prompt_key for r in requests), dtype=np.int64, count=len(requests))
-
-
-def distinct_prompts(prompt_keys: np.ndarray) -> tuple[list[int], np.ndarray]:
-    """(the distinct keys, [B] each row's place among them): what a batch's rows look up once per prompt."""
-    unique, row_prompt = compiled_match.distinct(np.asarray(prompt_keys, dtype=np.int64))
-    return unique.tolist(), row_prompt
 
 
 def _draft_buffers(count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -125,6 +120,8 @@ class NgramRLDrafter(Drafter):
     through a per-version PromptIndex (prompt_index.py), from which outcome_table.py lays out every outcome for
     prefetch."""
 
+    SOURCES = compiled_match.SOURCES  # a plain list is the prompt index's outcome table: "prompt", second
+
     def __init__(self, config: SpeculationConfig):
         self.min_n, self.max_n = config.min_match, config.max_match
         self.cache = HistoryCache(config.cache_max_tokens, config.max_responses_per_prompt, tail_len=config.max_match)
@@ -145,6 +142,9 @@ class NgramRLDrafter(Drafter):
         self.global_history = GlobalHistory(_FALLBACK_MIN_MATCH) if config.draft_from_global else None
         self.global_max_tokens = config.global_max_tokens
         self._global_version = 0
+
+    def matrix_step(self) -> NgramRLMatrixStep:
+        return NgramRLMatrixStep(self)
 
     @property
     def has_fallback(self) -> bool:
@@ -202,7 +202,7 @@ class NgramRLDrafter(Drafter):
     def kernel_sources(self, prompt_keys: np.ndarray, prompts: tuple[list[int], np.ndarray] | None = None) -> tuple:
         """What compiled_match.batch_drafts reads besides the rows, in its order (slots ... fallback_min), for
         rows of these prompt keys: for a caller that drafts inside a compiled call of its own (vLLM's route,
-        verl_ext.vllm.step_kernel). prompts: as for draft_rows."""
+        matrix_step.py). prompts: as for draft_rows."""
         return self._kernel_sources(self._row_sources(prompt_keys, prompts), self.draft_from_self)
 
     def _kernel_sources(self, sources: tuple, use_self: bool) -> tuple:

@@ -1,4 +1,4 @@
-"""step_kernel.draft_step, the vLLM route's step in one compiled call, against the separate calls it runs in one:
+"""NgramRL's MatrixStep, the vLLM route's step in one compiled call, against the separate calls it runs in one:
 RequestTokens.step, the drafter's draft_rows, RequestTokens.handed and the sibling source's take_rows. Random
 batches of a few prompts whose histories and in-flight rows share tokens, every source on."""
 
@@ -8,10 +8,8 @@ import numpy as np
 
 from verl_ext.speculation import SpeculationConfig, build_drafter, prompt_key
 from verl_ext.speculation.drafters.base import TokenRows
-from verl_ext.speculation.drafters.ngram_rl import distinct_prompts
 from verl_ext.speculation.drafters.ngram_rl.compiled_match import SOURCES
-from verl_ext.vllm import step_kernel
-from verl_ext.vllm.request_tokens import RequestTokens
+from verl_ext.speculation.request_tokens import RequestTokens
 
 WIDTH = 48  # max_model_len: rows near it get a smaller budget, rows at it none
 
@@ -71,10 +69,9 @@ def test_the_fused_step_equals_the_separate_calls():
         store_a.handed(slots, to_draft, sources, sizes)
         separate.observe_live_rows(keys, TokenRows(matrix, np.arange(count), lengths, num_prompt.astype(np.int64)))
 
-        packed, edges, layout = step_kernel.draft_step(
-            store_b.arrays(), slots, matrix, num_tokens, num_prompt, sampled, budget,
-            fused.kernel_sources(keys, distinct_prompts(keys)), True)
-        fused.observe_live_layout(layout)
+        step = fused.matrix_step()
+        packed, edges = step.draft(store_b, slots, matrix, num_tokens, num_prompt, sampled, budget, keys,
+                                   step.prepare(keys))
         got = [packed[edges[b]: edges[b + 1]].tolist() for b in range(count)]
 
         assert got == want, trial

@@ -1,13 +1,15 @@
-"""Every tracked request's prompt and output as of its last step, a row each, and the draft handed to vLLM for it:
-what RequestBook feeds the history when a request finishes (after vLLM has given its InputBatch row to another
-request), and what the next step counts as verified.
+"""Every tracked request's prompt and output as of its last step, a row each, and the draft handed out for it: the
+bookkeeping of a caller that gets its batch as rows of a token matrix each step (vLLM's InputBatch, through
+vllm/request_book.py): what it feeds the history when a request finishes (after the matrix row has gone to another
+request), and what the next step counts as verified, by the drafter's sources (``Drafter.SOURCES``).
 
 A step is one compiled call over the batch (`step`), O(new tokens) a step; Python touches a request only
-when it joins or leaves. Memory: max_model_len int32 per request tracked (in the batch, or out of it but live),
-as vLLM's own InputBatch holds for each row; rows are allocated as requests arrive, doubling.
+when it joins or leaves. A drafter's MatrixStep runs `step_rows` and `record_handed` inside its own compiled
+call. Memory: max_model_len int32 per request tracked (in the batch, or out of it but live), as vLLM's own
+InputBatch holds for each row; rows are allocated as requests arrive, doubling.
 
-Owned by one RequestBook and used only on the thread that calls vLLM's ``propose`` (the model runner's); no lock.
-The prefetch thread never reads it: it gets DraftRequests whose outputs are copies (``output`` copies).
+Owned by one caller and used only on the thread that drafts (vLLM's model runner's); no lock. A prefetch thread
+never reads it: it gets DraftRequests whose outputs are copies (``output`` copies).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The vLLM route's drafting step in one compiled call: what RequestBook did in five, with Python between them.
+"""NgramRL's MatrixStep (drafters/base.py): a step of vLLM's route in one compiled call, where it was five with
+Python between them.
 
 Per engine step vLLM calls the proposer once, synchronously, between two forwards. Without a prefetcher the
 step's work is arrays over the batch: bring each row's tracked tokens up to date and count what the last drafts
@@ -11,13 +12,47 @@ same function the separate calls ran, so drafts and bookkeeping are the same.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from verl_ext.compat.numba import cached_njit
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
-from verl_ext.speculation.drafters.ngram_rl.compiled_match import batch_drafts
+from verl_ext.speculation.drafters.base import Drafter, MatrixStep
+from verl_ext.speculation.drafters.ngram_rl.compiled_match import batch_drafts, distinct
 from verl_ext.speculation.drafters.ngram_rl.live_outputs import lay_out_rows
-from verl_ext.vllm.request_tokens import record_handed, step_rows
+from verl_ext.speculation.request_tokens import record_handed, step_rows
+
+if TYPE_CHECKING:
+    from verl_ext.speculation.request_tokens import RequestTokens
+
+
+def distinct_prompts(prompt_keys: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """(the distinct keys, [B] each row's place among them): what a batch's rows look up once per prompt."""
+    unique, row_prompt = distinct(np.asarray(prompt_keys, dtype=np.int64))
+    return unique.tolist(), row_prompt
+
+
+class NgramRLMatrixStep(MatrixStep):
+    """NgramRLDrafter.matrix_step(): `draft_step` on the drafter's sources, then its sibling source takes the rows'
+    layout (the order of that and the caller's history feeds within a step changes no state: they are apart)."""
+
+    def __init__(self, drafter: Drafter):
+        self.drafter = drafter  # an NgramRLDrafter (whose module imports this one)
+
+    def prepare(self, prompt_keys: np.ndarray) -> tuple[list[int], np.ndarray]:
+        # kept by identity: the drafter reuses its prompts' index lookup while these and its history stay the same
+        return distinct_prompts(prompt_keys)
+
+    def draft(self, store: RequestTokens, slots: np.ndarray, token_ids: np.ndarray, num_tokens: np.ndarray,
+              num_prompt_tokens: np.ndarray, sampled: np.ndarray, num_draft_tokens: int, prompt_keys: np.ndarray,
+              prepared: object) -> tuple[np.ndarray, np.ndarray]:
+        drafter = self.drafter
+        drafts, edges, layout = draft_step(store.arrays(), slots, token_ids, num_tokens, num_prompt_tokens, sampled,
+                                           num_draft_tokens, drafter.kernel_sources(prompt_keys, prepared),
+                                           drafter.live is not None)
+        drafter.observe_live_layout(layout)
+        return drafts, edges
 
 
 @cached_njit
