@@ -9,7 +9,7 @@ from verl_ext_testing import PROMPT_ONLY
 
 from verl_ext.speculation import DraftRequest, SpeculationConfig, build_drafter, prompt_key
 from verl_ext.speculation.drafters.base import TokenRows
-from verl_ext.speculation.drafters.ngram_rl import run_directory
+from verl_ext.speculation.drafters.ngram_rl import prompt_arena, run_directory
 from verl_ext.speculation.drafters.ngram_rl import drafter as ngram_rl
 from verl_ext.speculation.drafters.ngram_rl.prompt_arena import PromptArena
 from verl_ext.speculation.global_history import GlobalHistory
@@ -59,6 +59,19 @@ def test_every_slot_reads_back_its_arrays_and_old_views_stay_valid():
     for view, then in snapshots:  # adds, drops and rebuilds since never touched what an older view reads
         for slot, arrays in then.items():
             assert _held(view, slot) == arrays
+
+
+def test_the_arenas_copy_compiles_at_its_first_add_and_never_again():
+    # a drafter's warm-up adds a few slots; a rollout's rebuilds then copy many: no new signature mid-rollout
+    # (numba typed a column of two or more slots' bounds as strided, of fewer as contiguous: two compiles late)
+    rng = random.Random(2)
+    arena = PromptArena()
+    arena.add(_arrays(rng))
+    signatures = set(prompt_arena._packed.signatures)
+    for _ in range(60):
+        arena.add(_arrays(rng))
+    assert len(arena) == 61 and set(prompt_arena._packed.signatures) == signatures
+    assert {signature[1].layout for signature in signatures} == {"C"}  # of any arena in this process, so far
 
 
 def test_a_dropped_slot_reads_as_empty():

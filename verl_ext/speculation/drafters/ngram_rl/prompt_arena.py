@@ -115,9 +115,11 @@ class PromptArena:
         self._arrays = list(old)
         for pool, fields in enumerate(_FIELDS):
             size = max(2 * (self._used[pool] + room[pool]), 1024)
+            # contiguous copies: numba types a column of two or more slots as a strided array and one of fewer as a
+            # contiguous one, so the kernel compiled at the first add (no slot yet) would compile again mid-rollout
+            first, last = np.ascontiguousarray(starts[:, pool]), np.ascontiguousarray(stops[:, pool])
             for field in fields:  # np.empty: written before read
-                self._arrays[field] = _packed(old[field], starts[:, pool], stops[:, pool],
-                                              np.empty(size, dtype=_DTYPES[field]))
+                self._arrays[field] = _packed(old[field], first, last, np.empty(size, dtype=_DTYPES[field]))
         self.view = ArenaView(*self._arrays, bounds)
 
 
