@@ -1,12 +1,16 @@
 """Everything verl_ext adds to verl's and transformers' registries: made here, or listed here where it must be made
 where it is used.
 
-Made by `register_all`, in every process verl starts (the ``verl.plugins`` entry point, plugin.py):
-    RolloutReplicaRegistry  "hf" and "vllm" rollout replicas
-    worker rollout table    ("hf", "async") -> rollout.adapter.HFServerAdapter (compat.verl.register_worker_rollout)
-    PlatformRegistry        "cpu" (platform/cpu.py, registered on import)
-    TRAINER_REGISTRY        "verl_ext" (trainer/__init__.py, registered on import)
-    OmegaConf resolver      ${verl_ext_demo:...} (demo_resolver.py; main.py registers it too, before Hydra runs)
+Arranged by `register_all`, in every process that imports verl (the ``verl.plugins`` entry point, plugin.py), and
+each made once verl has imported the module that holds its registry (verl_ext.post_import: most Ray workers never
+import verl's rollout replicas, agent loop or trainer, and importing them for the plug-in cost each worker seconds):
+    RolloutReplicaRegistry  "hf" and "vllm" rollout replicas (when verl.workers.rollout.replica is imported)
+    worker rollout table    ("hf", "async") -> rollout.adapter.HFServerAdapter (compat.verl_registries, when
+                            verl.workers.rollout.base is imported)
+    TRAINER_REGISTRY        "verl_ext" (trainer/__init__.py, registered on import, when verl's main_ppo is, or its
+                            trainer_base outside an import of verl_ext's)
+    PlatformRegistry        "cpu" (platform/cpu.py, registered on import, at once)
+    OmegaConf resolver      ${verl_ext_demo:...} (demo_resolver.py, at once; main.py registers it too, before Hydra)
 
 Made where they are used, inside the Ray worker that needs them, because they depend on what that worker runs:
     EngineRegistry          FSDP engines on "cpu" (workers/cpu_engines.py: register_cpu_engines, from
@@ -24,6 +28,8 @@ module named here.
 
 HF_ROLLOUT = "hf"
 VLLM_ROLLOUT = "vllm"
+HF_WORKER_ROLLOUT = "verl_ext.rollout.adapter.HFServerAdapter"
+TRAINER_BASE = "verl.trainer.ppo.v1.trainer_base"
 
 
 def _load_hf_replica():
@@ -43,37 +49,85 @@ def _load_vllm_replica():
 
 def register_all() -> None:
     import verl_ext.platform.cpu  # noqa: F401  (PlatformRegistry: "cpu")
-    from verl.workers.rollout.replica import RolloutReplicaRegistry
-
-    from verl_ext.compat import verl as verl_compat
-
-    RolloutReplicaRegistry.register(HF_ROLLOUT, _load_hf_replica)
-    # verl's vLLM replica with rollout.custom.speculation wired in; the same as verl's without it (verl_ext.vllm).
-    RolloutReplicaRegistry.register(VLLM_ROLLOUT, _load_vllm_replica)
-    verl_compat.register_worker_rollout(HF_ROLLOUT, "async", "verl_ext.rollout.adapter.HFServerAdapter")
-
-    import verl_ext.trainer  # noqa: F401  (TRAINER_REGISTRY: "verl_ext")
+    from verl_ext import post_import
     from verl_ext.demo_resolver import register_demo_resolver
+
+    for module, (_, register, _) in _WHEN_IMPORTED.items():
+        post_import.when_imported(module, register)
 
     register_demo_resolver()  # recipes name the embedded default as ${verl_ext_demo:...}
 
 
 def check_registered() -> None:
-    """Fail loudly if the plug-in did not load (verl logs plug-in import errors at debug level only)."""
+    """Fail loudly if the plug-in did not load (verl logs plug-in import errors at debug level only): each
+    registration made where verl has imported its registry's module, and waiting for it elsewhere. Imports none
+    of those modules (the driver has no use for them)."""
+    import sys
+
     from verl.plugin.platform import PlatformRegistry
-    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
-    from verl_ext.compat import verl as verl_compat
-    from verl_ext.trainer import TRAINER_MODE
+    from verl_ext import post_import
 
-    missing = []
+    missing = [] if "verl_ext.plugin" in sys.modules else ["the plug-in"]
     if PlatformRegistry.get("cpu") is None:
         missing.append("cpu platform")
-    if verl_compat.replica_loader(HF_ROLLOUT) is None:
-        missing.append("hf rollout")
-    if verl_compat.replica_loader(VLLM_ROLLOUT) is not _load_vllm_replica:
-        missing.append("vllm rollout")
-    if TRAINER_MODE not in TRAINER_REGISTRY:
-        missing.append("verl_ext trainer")
+    waiting = post_import.pending()
+    for module, (what, _, is_registered) in _WHEN_IMPORTED.items():
+        if not (is_registered() if module in sys.modules else module in waiting):
+            missing.append(what)
     if missing:
         raise RuntimeError(f"verl_ext plug-in not registered ({', '.join(missing)}); reinstall with `make install`.")
+
+
+def _register_replicas(replica_module) -> None:
+    registry = replica_module.RolloutReplicaRegistry
+    registry.register(HF_ROLLOUT, _load_hf_replica)
+    # verl's vLLM replica with rollout.custom.speculation wired in; the same as verl's without it (verl_ext.vllm).
+    registry.register(VLLM_ROLLOUT, _load_vllm_replica)
+
+
+def _replicas_registered() -> bool:
+    from verl_ext.compat.verl_registries import replica_loader
+
+    return replica_loader(HF_ROLLOUT) is _load_hf_replica and replica_loader(VLLM_ROLLOUT) is _load_vllm_replica
+
+
+def _register_worker_rollout(_) -> None:
+    from verl_ext.compat.verl_registries import register_worker_rollout
+
+    register_worker_rollout(HF_ROLLOUT, "async", HF_WORKER_ROLLOUT)
+
+
+def _worker_rollout_registered() -> bool:
+    from verl_ext.compat.verl_registries import worker_rollout
+
+    return worker_rollout(HF_ROLLOUT, "async") == HF_WORKER_ROLLOUT
+
+
+def _register_trainer(module) -> None:
+    # verl_ext.trainer imports verl_ext's workers, whose compat.verl imports trainer_base itself: where trainer_base's
+    # first import comes from one of ours, importing the trainer there would meet that module half-done. The
+    # registration then waits for main_ppo, the module that looks the trainer up (a worker that imports ours and
+    # not main_ppo never needs it).
+    from verl_ext import post_import
+
+    if module.__name__ == TRAINER_BASE and post_import.importing("verl_ext.", besides="verl_ext.plugin"):
+        return
+    import verl_ext.trainer  # noqa: F401  (TRAINER_REGISTRY: "verl_ext")
+
+
+def _trainer_registered() -> bool:
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+
+    from verl_ext.trainer import TRAINER_MODE
+
+    return TRAINER_MODE in TRAINER_REGISTRY
+
+
+# verl's module holding the registry, or reading it -> (what is registered, the registration, whether it is made)
+_WHEN_IMPORTED = {
+    "verl.workers.rollout.replica": ("hf and vllm rollouts", _register_replicas, _replicas_registered),
+    "verl.workers.rollout.base": ("hf worker rollout", _register_worker_rollout, _worker_rollout_registered),
+    TRAINER_BASE: ("verl_ext trainer", _register_trainer, lambda: True),  # where main_ppo is not, it may wait
+    "verl.trainer.main_ppo": ("verl_ext trainer", _register_trainer, _trainer_registered),
+}

@@ -24,23 +24,9 @@ from verl.workers.engine.fsdp.transformer_impl import (  # noqa: E402
     _scale_logits_by_temperature,
 )
 from verl.workers.engine.utils import postprocess_batch_func  # noqa: E402
-from verl.workers.rollout.base import _ROLLOUT_REGISTRY  # noqa: E402
 from verl.workers.rollout.llm_server import LLMServerClient  # noqa: E402
-from verl.workers.rollout.replica import RolloutReplicaRegistry  # noqa: E402
 
-# ---- registries -------------------------------------------------------------------------------------------------
-
-
-def register_worker_rollout(name: str, mode: str, class_path: str) -> None:
-    """The worker-side rollout class of ``rollout.name``/mode. workers/rollout/base.py: ``_ROLLOUT_REGISTRY``, a
-    plain dict keyed by (name, mode), with no register function."""
-    _ROLLOUT_REGISTRY[(name, mode)] = class_path
-
-
-def replica_loader(name: str):
-    """The loader registered for ``rollout.name``, or None. workers/rollout/replica.py:
-    ``RolloutReplicaRegistry._registry`` (its public ``get`` calls the loader, and raises for an unknown name)."""
-    return RolloutReplicaRegistry._registry.get(name)
+# ---- registries (the rollout tables the plug-in writes: verl_registries.py) --------------------------------------
 
 
 def registered_agent_loop(agent_name: str):
