@@ -24,9 +24,9 @@ def prepare_ray(config: DictConfig) -> None:
     joining_cluster = os.environ.get("RAY_ADDRESS") or ray_init.get("address")
     with open_dict(ray_init):
         if joining_cluster:
-            # ray.init refuses resource arguments when it attaches to a running cluster.
-            ray_init.pop("num_cpus", None)
-            ray_init.pop("num_gpus", None)
+            # ray.init refuses resource arguments when it attaches to a running cluster, whose dashboard is its own.
+            for started_here_only in ("num_cpus", "num_gpus", "include_dashboard"):
+                ray_init.pop(started_here_only, None)
         elif ray_init.get("num_gpus") is None:
             if config.trainer.nnodes != 1:
                 raise ConfigError(
