@@ -12,11 +12,10 @@
         for each finished sequence: spec.observe(key, prompt, response); spec.release([seq_id])
     metrics = spec.take_metrics()
 
-A response passed to `observe` feeds drafts from the round after next: `propose` fixes this round's drafts,
-then applies the responses observed since and the in-flight outputs (`Drafter.observe_live`), then starts
-prefetching the next round. So the prefetcher always drafts from the history the next `propose` will see (no
-stale prefetch when siblings finish or grow), and outputs do not depend on whether prefetch is on. A `propose`
-that continues none of the previous call's sequences (a new batch) sees everything observed before it.
+Each `propose` is a round of rounds.py's protocol (shared with vLLM's route): a response passed to `observe`
+feeds drafts from the round after next, the in-flight outputs reach the drafter through `Drafter.observe_live`,
+and a `propose` that continues none of the previous call's sequences (a new batch) sees everything observed
+before it.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from verl_ext.speculation.factory import build_drafter
 from verl_ext.speculation.metrics import SpecMetrics
 from verl_ext.speculation.prefetch import DraftPrefetcher
 from verl_ext.speculation.rehearsal import rehearse_speculator
+from verl_ext.speculation.rounds import DraftingRounds
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +46,9 @@ class Speculator:
             prefetcher = DraftPrefetcher(self.drafter, config.prefetch_candidates, config.num_draft_tokens,
                                          threaded=config.prefetch_worker == "thread")
         self.prefetcher = prefetcher
+        self.rounds = DraftingRounds(self.drafter, prefetcher)
         self.lengths = AdaptiveDraftLength.from_config(config, device_type)
         self._metrics = SpecMetrics()
-        self._observed: list[tuple[int, Sequence[int], Sequence[int]]] = []  # not yet given to the drafter
         self._last_ids: set[int] = set()  # seq_ids of the previous propose call
 
     def propose(self, requests: Sequence[DraftRequest], limits: Sequence[int] | None = None) -> list[list[int]]:
@@ -56,22 +56,20 @@ class Speculator:
         if self.config.method == "none":
             return [[] for _ in requests]
         seq_ids = [r.seq_id for r in requests]
-        if self._last_ids.isdisjoint(seq_ids):
-            self._apply_observed(requests)
+
+        def observe_live() -> None:
+            self.drafter.observe_live(requests)
+
+        self.rounds.open_round(self._last_ids.isdisjoint(seq_ids), observe_live)
         self._last_ids = set(seq_ids)
         budgets = self.lengths.budgets(seq_ids)
         if limits is not None:
             budgets = [max(0, min(b, lim)) for b, lim in zip(budgets, limits)]
-        if self.prefetcher is None:
-            if not any(budgets):  # a plain step: no drafts, nor their bookkeeping
-                self._apply_observed()  # finished responses, cheap; the in-flight outputs wait for a drafting step
-                return [[] for _ in requests]
-            drafts = self.drafter.propose(requests, budgets)
-            self._apply_observed(requests)
-            return drafts
-        drafts = self.prefetcher.collect(requests, budgets)
-        self._apply_observed(requests)
-        self.prefetcher.submit(requests, drafts)
+        if self.prefetcher is None and not any(budgets):  # a plain step: no drafts, nor their bookkeeping
+            self.rounds.close_round(None)  # finished responses, cheap; the in-flight outputs wait for a drafting step
+            return [[] for _ in requests]
+        drafts = self.rounds.draft(requests, budgets)
+        self.rounds.close_round(observe_live, requests, drafts)
         return drafts
 
     def warm_up(self) -> None:
@@ -112,22 +110,13 @@ class Speculator:
     def observe(self, prompt_key: int, prompt_tokens: Sequence[int], response_tokens: Sequence[int]) -> None:
         """A response finished (here or on another worker); drafts from the round after next may copy from it."""
         if self.config.method != "none":  # nothing would ever apply them
-            self._observed.append((prompt_key, prompt_tokens, response_tokens))
-
-    def _apply_observed(self, live: Sequence[DraftRequest] | None = None) -> None:
-        """Hand the drafter the responses finished since the last call and (``live``) the sequences in flight."""
-        for prompt_key, prompt_tokens, response_tokens in self._observed:
-            self.drafter.observe(prompt_key, prompt_tokens, response_tokens)
-        self._observed = []
-        if live is not None:
-            self.drafter.observe_live(live)
+            self.rounds.observe(prompt_key, prompt_tokens, response_tokens)
 
     def release(self, seq_ids: Sequence[int]) -> None:
         """Forget per-sequence state of finished sequences (their seq_ids may be reused)."""
         self.lengths.release(seq_ids)
         self._last_ids.difference_update(seq_ids)
-        if self.prefetcher is not None:
-            self.prefetcher.release(seq_ids)
+        self.rounds.release(seq_ids)
 
     def take_metrics(self) -> SpecMetrics:
         """Counters since the last call, with the drafter's current cache size."""
@@ -138,11 +127,11 @@ class Speculator:
         return metrics
 
     def state_dict(self) -> dict:
-        self._apply_observed()  # a checkpoint keeps every finished response
+        self.rounds.flush()  # a checkpoint keeps every finished response
         return {"drafter": self.drafter.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self._observed = []
+        self.rounds.discard_observed()
         self.drafter.load_state_dict(state["drafter"])
 
     def close(self) -> None:

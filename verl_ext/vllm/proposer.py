@@ -69,15 +69,12 @@ class NgramRLProposer:
         have all finished and go into the history now. Otherwise only the requests vLLM no longer holds do."""
         if self.book is None:
             return None
-        self.book.retire(live=() if all_finished else self._runner.requests)
-        return rpc_safe(self.book.drafter.state_dict())
+        return rpc_safe(self.book.history_state(live=() if all_finished else self._runner.requests))
 
     def load_state_dict(self, state: dict) -> None:
         if self.book is None:
             raise RuntimeError("NgramRLProposer.load_state_dict before attach(): nothing to load into")
-        if self.book.prefetcher is not None:
-            self.book.prefetcher.cancel()  # versions restart with the loaded history: no table may outlive it
-        self.book.drafter.load_state_dict(state)
+        self.book.load_history(state)
 
     def take_metrics(self) -> SpecMetrics:
         """The drafter's side of ``rollout/spec/*``: history size; prefetch lookups and hits and tokens by draft
@@ -119,8 +116,7 @@ def _warm_up(config: SpeculationConfig, num_draft_tokens: int, with_prefetcher: 
             drafts = book.propose(BatchRows(list(live), num_prompt_tokens, num_tokens, token_ids), sampled, live)
             if prefetcher is not None:
                 prefetcher.overlap(lambda: False)
-    book.retire(live=())
-    drafter.load_state_dict(drafter.state_dict())
+    book.load_history(book.history_state())
     book.take_source_counts()
     if prefetcher is not None:
         prefetcher.close()

@@ -33,10 +33,9 @@ Threads: the book and its RequestTokens belong to the thread that calls vLLM's `
 and take no lock. With a prefetcher, its thread reads the drafter (under the drafter's own locks) and
 DraftRequests whose outputs are copies, never the book.
 
-So a response feeds drafts from the step after the one that sees it leave (as in verl_ext's HF engine,
-``speculation/speculator.py``): the prefetcher drafts from the history the next step will see, and drafts do
-not depend on whether it is on. A step that continues none of the previous step's requests (a new batch)
-first takes in every response that finished before it.
+Each step is a round of speculation/rounds.py's protocol, which verl_ext's HF engine follows too: a response
+feeds drafts from the step after the one that sees it leave, and a step that continues none of the previous
+step's requests (a new batch) first takes in every response that finished before it.
 
 Each request feeds the history at most once. The response fed is vLLM's own record of the request's output
 (its state object), or what the row held at its last step where there is none; a stop in the middle of a
@@ -59,6 +58,7 @@ from verl_ext.speculation import SpecMetrics, prompt_key
 from verl_ext.speculation.drafters.base import DraftRequest, Drafter, TokenRows, source_of
 from verl_ext.speculation.prefetch import DraftPrefetcher
 from verl_ext.speculation.request_tokens import RequestTokens
+from verl_ext.speculation.rounds import DraftingRounds
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ class RequestBook:
                  prefetcher: DraftPrefetcher | None = None):
         self.drafter = drafter
         self.num_draft_tokens = num_draft_tokens
-        self.prefetcher = prefetcher
+        self.rounds = DraftingRounds(drafter, prefetcher)
         self._matrix_step = drafter.matrix_step()  # used while no prefetcher is set
         self._requests: dict[str, _Request] = {}  # in the batch, or out of it but live
         self._tokens = RequestTokens(max_model_len, len(drafter.SOURCES))  # drafts' sources index SOURCES
@@ -121,6 +121,14 @@ class RequestBook:
 
     def __len__(self) -> int:
         return len(self._requests)
+
+    @property
+    def prefetcher(self) -> DraftPrefetcher | None:
+        return self.rounds.prefetcher
+
+    @prefetcher.setter
+    def prefetcher(self, prefetcher: DraftPrefetcher | None) -> None:
+        self.rounds.prefetcher = prefetcher
 
     def propose(self, rows: BatchRows, sampled_token_ids: Sequence[Sequence[int]],
                 live: Mapping[str, object]) -> list[list[int]]:
@@ -136,14 +144,14 @@ class RequestBook:
         requests, slots, keys = self._rows.requests, self._rows.slots, self._rows.keys
         num_tokens, budgets, to_draft = self._tokens.step(slots, rows.token_ids, rows.num_tokens, sampled,
                                                           self.num_draft_tokens)
-        in_flight = self._in_flight(rows, num_rows)
+        observe_live = functools.partial(self.drafter.observe_live_rows, keys, self._in_flight(rows, num_rows))
         if new_batch:
-            self._take_in(live, keys, in_flight)
+            self.retire(self._out_of_batch, live)
+        self.rounds.open_round(new_batch, observe_live)
         draft_requests = [self._draft_request(requests[i]) for i in to_draft.tolist()]
         proposed, sizes, sources = self._collect(draft_requests, budgets[to_draft].tolist())
-        self._take_in(live, keys, in_flight)
-        if self.prefetcher is not None:
-            self.prefetcher.submit(draft_requests, proposed)
+        self.retire(self._out_of_batch, live)
+        self.rounds.close_round(observe_live, draft_requests, proposed)
         self._tokens.handed(slots, to_draft, sources, sizes)
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
         for i, draft in zip(to_draft.tolist(), proposed):
@@ -155,11 +163,14 @@ class RequestBook:
         """propose through the drafter's MatrixStep: the step is one compiled call over the batch."""
         keys = self._rows.keys
         if new_batch:  # the last batch's responses first: this step drafts from them
-            self._take_in(live, keys, self._in_flight(rows, num_rows))
+            self.retire(self._out_of_batch, live)
+            self.rounds.open_round(True, functools.partial(self.drafter.observe_live_rows, keys,
+                                                           self._in_flight(rows, num_rows)))
         drafts, edges = self._matrix_step.draft(self._tokens, self._rows.slots, rows.token_ids, rows.num_tokens,
                                                 rows.num_prompt_tokens, sampled, self.num_draft_tokens, keys,
                                                 self._rows.prepared)
         self.retire(self._out_of_batch, live)
+        self.rounds.close_round(None)  # the step took the rows' outputs in itself
         return _draft_lists(drafts, edges)
 
     def take_source_counts(self) -> SpecMetrics:
@@ -202,10 +213,7 @@ class RequestBook:
 
     def _collect(self, requests: list[DraftRequest], budgets: list[int]) -> tuple:
         """The drafts (the prefetcher's, foreseen, else drafted now) as (lists, [n] sizes, [n] source indexes)."""
-        if self.prefetcher is None:
-            collected = self.drafter.propose(requests, budgets)
-        else:
-            collected = self.prefetcher.collect(requests, budgets)
+        collected = self.rounds.draft(requests, budgets)
         proposed = [[int(t) for t in draft[:budget]] for draft, budget in zip(collected, budgets)]
         names = self.drafter.SOURCES  # a plain list stands for its second
         sources = [names.index(source_of(draft, names[1])) for draft in collected]
@@ -221,13 +229,22 @@ class RequestBook:
         return TokenRows(rows.token_ids, self._rows.everyone, np.asarray(rows.num_tokens[:num_rows], np.int64),
                          np.asarray(rows.num_prompt_tokens[:num_rows], np.int64))
 
-    def _take_in(self, live: Container[str], keys: np.ndarray, in_flight_rows: TokenRows) -> None:
-        """Hand the drafter the responses that finished and the outputs still growing."""
-        self.retire(self._out_of_batch, live)
-        self.drafter.observe_live_rows(keys, in_flight_rows)
+    def history_state(self, live: Container[str] = ()) -> dict:
+        """The drafter's state_dict with every tracked request that is not ``live`` in its history."""
+        self.retire(live=live)
+        self.rounds.flush()
+        return self.drafter.state_dict()
+
+    def load_history(self, state: dict) -> None:
+        """The drafter's history from a checkpoint, in place of what it holds and what it was about to take in."""
+        if self.prefetcher is not None:
+            self.prefetcher.cancel()  # versions restart with the loaded history: no table may outlive it
+        self.rounds.discard_observed()
+        self.drafter.load_state_dict(state)
 
     def retire(self, candidates: Container[str] | None = None, live: Container[str] = ()) -> None:
-        """Feed the history with every tracked request that is not live among ``candidates`` (default: all)."""
+        """Every tracked request that is not live among ``candidates`` (default: all) leaves the book; its response
+        joins the history when the round closes."""
         leaving = {r for r in (self._requests if candidates is None else candidates)
                    if r not in live and r in self._requests}
         if not leaving:
@@ -241,12 +258,11 @@ class RequestBook:
                 self._rows_current = False
 
     def _finish(self, request: _Request) -> None:
-        if self.prefetcher is not None:
-            self.prefetcher.release([request.seq_id])
+        self.rounds.release([request.seq_id])
         output = _final_output(request.handle, self._tokens.output(request.slot))
         self._tokens.release(request.slot)
         if len(output):
-            self.drafter.observe(request.key, request.prompt, output)
+            self.rounds.observe(request.key, request.prompt, output)
 
 
 def _draft_lists(drafts: np.ndarray, edges: np.ndarray) -> list[list[int]]:
