@@ -72,16 +72,17 @@ endif
 # the vLLM suite waits for it on the build's lock). A part that ARGS leaves empty (pytest's exit 5, no tests
 # selected) is not a failure.
 VLLM_TESTED := $(VLLM_VENV).tested
+MAIN_PYTHON := $(FLOAT_PATH) $(SHARED_CORES) $(BIN)/python
 test: install
 	@rm -f $(VLLM_TESTED) $(VLLM_TESTED).log; \
 	if [ -z "$(VLLM_WHY_NOT)$(VERL_EXT_SKIP_VLLM)" ]; then \
 		{ $(MAKE) --no-print-directory install-vllm > $(VLLM_VENV).log 2>&1 && \
 		  { $(MAKE) --no-print-directory test-vllm > $(VLLM_TESTED).log 2>&1; echo $$? > $(VLLM_TESTED); }; } & fi; \
-	main=0; $(FLOAT_PATH) $(SHARED_CORES) $(BIN)/python -m verl_ext.demo.build --data-dir $${VERL_EXT_DATA_DIR:-data} || main=$$?; \
-	$(FLOAT_PATH) $(SHARED_CORES) $(BIN)/python -m pytest -q -m grpo_runs --durations=8 --ignore=tests/vllm_engine $(ARGS) \
+	main=0; $(MAIN_PYTHON) -m verl_ext.demo.build --data-dir $${VERL_EXT_DATA_DIR:-data} || main=$$?; \
+	$(MAIN_PYTHON) -m pytest -q -m grpo_runs --durations=8 --ignore=tests/vllm_engine $(ARGS) \
 		|| { rc=$$?; [ $$rc = 5 ] || main=$$rc; }; \
-	$(FLOAT_PATH) $(SHARED_CORES) $(BIN)/python -m pytest -q $(WORKERS) -m "not grpo_runs" --durations=8 --ignore=tests/vllm_engine \
-		$(ARGS) || { rc=$$?; [ $$rc = 5 ] || main=$$rc; }; \
+	$(MAIN_PYTHON) -m pytest -q $(WORKERS) -m "not grpo_runs" --durations=8 --ignore=tests/vllm_engine $(ARGS) \
+		|| { rc=$$?; [ $$rc = 5 ] || main=$$rc; }; \
 	wait; vllm=0; \
 	if [ -f $(VLLM_TESTED) ]; then cat $(VLLM_TESTED).log; vllm=$$(cat $(VLLM_TESTED)); \
 	else $(MAKE) --no-print-directory test-vllm || vllm=$$?; fi; \
@@ -97,7 +98,8 @@ else ifeq ($(VLLM_WHY_NOT),)
 	$(MAKE) --no-print-directory install-vllm
 	@broken=$$($(PYTHON) verl_ext/platform/vllm_cpu.py --probe $(VLLM_BIN)/python) || \
 		{ echo "the vLLM environment $(VLLM_VENV) is broken: $$broken (rebuild it: rm -rf $(VLLM_VENV); make install-vllm)"; exit 1; }
-	$(SHARED_CORES) $(VLLM_BIN)/python -m pytest -q --durations=10 tests/vllm_engine tests/test_numba_cache_locator.py $(VLLM_ARGS)
+	$(SHARED_CORES) $(VLLM_BIN)/python -m pytest -q --durations=10 tests/vllm_engine tests/test_numba_cache_locator.py \
+		$(VLLM_ARGS)
 else
 	@echo "vLLM tests skipped: $(VLLM_WHY_NOT)"
 endif

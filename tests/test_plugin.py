@@ -20,7 +20,8 @@ def test_plain_verl_import_registers_everything():
         "from verl.workers.rollout.replica import get_rollout_replica_class\n"
         "assert get_rollout_replica_class('hf').__name__ == 'HFReplica'\n"
         "import verl.trainer.main_ppo  # the task runner's module, which looks the trainer up\n"
-        "from verl.trainer.ppo.v1 import get_trainer_cls; assert get_trainer_cls('verl_ext').__name__ == 'VerlExtTrainer'\n"
+        "from verl.trainer.ppo.v1 import get_trainer_cls\n"
+        "assert get_trainer_cls('verl_ext').__name__ == 'VerlExtTrainer'\n"
         "check_registered()\n"
     )
 
@@ -41,7 +42,8 @@ def test_the_trainer_registers_where_verls_trainer_is_imported_first():
     # verl's own entry point (python -m verl.trainer.main_ppo): the task runner imports trainer_base itself
     _fresh(
         "import verl\n"
-        "from verl.trainer.ppo.v1 import get_trainer_cls; assert get_trainer_cls('verl_ext').__name__ == 'VerlExtTrainer'\n"
+        "from verl.trainer.ppo.v1 import get_trainer_cls\n"
+        "assert get_trainer_cls('verl_ext').__name__ == 'VerlExtTrainer'\n"
     )
 
 

@@ -37,7 +37,7 @@ model = Qwen2ForCausalLM(Qwen2Config(vocab_size=61, hidden_size=32, intermediate
                                      num_attention_heads=2, num_key_value_heads=1)).eval()
 engine = HFGenerationEngine(model, pad_token_id=0, speculator=speculator)
 prompts = [[1, 2, 3, 4, 5], [7, 8, 9, 10]]
-for epoch in range(2):
+for epoch in range(3):  # the third advances the indexes the second built (prompt_index.advanced)
     engine.generate([GenerationRequest(p, 48, SamplingSettings(temperature=1.0), seed=100 * epoch + i)
                      for i, p in enumerate(prompts * 4)])
 after = compiled()

@@ -35,7 +35,7 @@ before = compiled()
 rng = np.random.default_rng(0)
 prompts = [rng.integers(3, 60, 9).tolist() for _ in range(2)]
 answers = [rng.integers(3, 60, 40).tolist() for _ in range(4)]
-for epoch in range(2):
+for epoch in range(3):  # the third advances the indexes the second built
     rows = [(f"{epoch}-{i}", prompts[i % 2], []) for i in range(4)]
     for length in range(1, 40, 3):
         rows = [(req_id, prompt, answers[i][:length]) for i, (req_id, prompt, _) in enumerate(rows)]

@@ -7,9 +7,11 @@ first came into play: 9.4 s in step 1 and 4.3 s in step 2 of a fresh clone's ``m
 rehearsal runs each kernel once, with the argument types the real loop passes, on a scratch drafter: the real
 one's history is not touched.
 
-The batch: ``PROMPTS`` prompts with ``SIBLINGS`` responses each, for two epochs, every response the same answer,
+The batch: ``PROMPTS`` prompts with ``SIBLINGS`` responses each, for three epochs, every response the same answer,
 so every source drafts and its drafts are accepted (siblings and the request's own output in the first epoch, the
-prompt's history in the second), and the history is saved and loaded as a checkpoint does.
+prompt's history in the second; in the third each prompt's index is advanced by the second's responses, not
+rebuilt: prompt_index's merge kernels, 5.5 s of a fresh clone's step 1 while the rehearsal stopped at two), and the
+history is saved and loaded as a checkpoint does.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 from verl_ext.speculation.config import MAX_DRAFT_TOKENS
 from verl_ext.speculation.draft_request import DraftRequest, prompt_key
 
-PROMPTS, SIBLINGS, EPOCHS, ROUNDS = 2, 2, 2, 4
+PROMPTS, SIBLINGS, EPOCHS, ROUNDS = 2, 2, 3, 4
 PROMPT_LEN, ANSWER_LEN = 12, 4 * (MAX_DRAFT_TOKENS + 1)
 
 
