@@ -237,19 +237,23 @@ def test_prefetch_changes_no_draft(interrupt_on_collect):
     # False: collect waits for the worker, so every foreseen outcome is a hit; True (the proposer's own): the
     # worker is stopped at collect, hits depend on timing, drafts must not.
     plain, prefetching = Engine(num_draft_tokens=4), _prefetching_engine(interrupt_on_collect)
-    drafted = []
-    for epoch in range(2):
-        batch = {f"{r}-{epoch}": target for r, target in SIBLINGS.items()}
-        steps = _rollout(prefetching, batch)
-        assert steps == _rollout(plain, batch)
-        drafted += [len(d) for drafts in steps for d in drafts]
-    assert sum(drafted) > 20 and 0 in drafted  # drafts were made (and missing) for the identity to mean something
+    _same_drafts_over_two_epochs(prefetching, plain)
     stats = prefetching.proposer.book.prefetcher.stats
     assert stats.lookups > 10 and stats.worker_errors == 0
     if not interrupt_on_collect:
         assert stats.hits == stats.lookups and stats.stale == 0  # the history changed only between collect and submit
     assert prefetching.proposer.take_metrics().prefetch_lookups == stats.lookups
 
+
+def _same_drafts_over_two_epochs(engine, reference) -> None:
+    """Two epochs of SIBLINGS through both engines: every step's drafts the same, drafts made and missing."""
+    drafted = []
+    for epoch in range(2):
+        batch = {f"{r}-{epoch}": target for r, target in SIBLINGS.items()}
+        steps = _rollout(engine, batch)
+        assert steps == _rollout(reference, batch)
+        drafted += [len(d) for drafts in steps for d in drafts]
+    assert sum(drafted) > 20 and 0 in drafted  # drafts were made (and missing) for the identity to mean something
 
 
 @pytest.mark.parametrize("sources", [PROMPT_ONLY, {}], ids=["prompt", "every source"])
@@ -258,13 +262,7 @@ def test_a_drafter_without_a_matrix_step_drafts_the_same_through_propose(monkeyp
     compiled = Engine(num_draft_tokens=4, **sources)
     monkeypatch.setattr(NgramRLDrafter, "matrix_step", lambda self: None)
     general = Engine(num_draft_tokens=4, **sources)
-    drafted = []
-    for epoch in range(2):
-        batch = {f"{r}-{epoch}": target for r, target in SIBLINGS.items()}
-        steps = _rollout(general, batch)
-        assert steps == _rollout(compiled, batch)
-        drafted += [len(d) for drafts in steps for d in drafts]
-    assert sum(drafted) > 20 and 0 in drafted
+    _same_drafts_over_two_epochs(general, compiled)
     assert general.proposer.take_metrics().by_source == compiled.proposer.take_metrics().by_source
 
 

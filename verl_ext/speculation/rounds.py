@@ -11,6 +11,10 @@ that continues none of the last round's sequences (a new batch) first takes in e
 
 In-flight sequences reach the drafter in whatever form the caller keeps them (``observe_live``: the requests, or
 vLLM's token matrix); a caller whose compiled step already handed them over passes None.
+
+Threads: a DraftingRounds belongs to the thread that drafts (the HF engine's loop, vLLM's model runner) and takes
+no lock. The prefetcher's thread never reads it: it reads the drafter, under the drafter's own locks, and the
+requests `close_round` submits (the prefetcher snapshots their outputs).
 """
 
 from __future__ import annotations

@@ -45,11 +45,14 @@ class Speculator:
         if prefetcher is None and use_prefetch:
             prefetcher = DraftPrefetcher(self.drafter, config.prefetch_candidates, config.num_draft_tokens,
                                          threaded=config.prefetch_worker == "thread")
-        self.prefetcher = prefetcher
         self.rounds = DraftingRounds(self.drafter, prefetcher)
         self.lengths = AdaptiveDraftLength.from_config(config, device_type)
         self._metrics = SpecMetrics()
         self._last_ids: set[int] = set()  # seq_ids of the previous propose call
+
+    @property
+    def prefetcher(self) -> DraftPrefetcher | None:
+        return self.rounds.prefetcher
 
     def propose(self, requests: Sequence[DraftRequest], limits: Sequence[int] | None = None) -> list[list[int]]:
         """One draft per request; limits[i] caps row i (e.g. tokens left before max_new_tokens, minus 1)."""

@@ -55,7 +55,7 @@ from typing import NamedTuple
 import numpy as np
 
 from verl_ext.speculation import SpecMetrics, prompt_key
-from verl_ext.speculation.drafters.base import DraftRequest, Drafter, TokenRows, source_of
+from verl_ext.speculation.drafters.base import DraftRequest, Drafter, MatrixStep, TokenRows, source_of
 from verl_ext.speculation.prefetch import DraftPrefetcher
 from verl_ext.speculation.request_tokens import RequestTokens
 from verl_ext.speculation.rounds import DraftingRounds
@@ -110,14 +110,15 @@ class RequestBook:
                  prefetcher: DraftPrefetcher | None = None):
         self.drafter = drafter
         self.num_draft_tokens = num_draft_tokens
-        self.rounds = DraftingRounds(drafter, prefetcher)
-        self._matrix_step = drafter.matrix_step()  # used while no prefetcher is set
+        self.rounds = DraftingRounds(drafter)
         self._requests: dict[str, _Request] = {}  # in the batch, or out of it but live
         self._tokens = RequestTokens(max_model_len, len(drafter.SOURCES))  # drafts' sources index SOURCES
         self._seq_ids = itertools.count()
         self._rows = _NO_ROWS
         self._rows_current = False  # False: a request of self._rows was retired since (look them up again)
         self._out_of_batch: set[str] = set()  # tracked, not in the last step's rows (paused)
+        self._matrix_step: MatrixStep | None = None  # the compiled route, set with the prefetcher
+        self.prefetcher = prefetcher
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -128,7 +129,10 @@ class RequestBook:
 
     @prefetcher.setter
     def prefetcher(self, prefetcher: DraftPrefetcher | None) -> None:
+        """The drafter's MatrixStep drafts while no prefetcher is set (the prefetcher's tables are per request)."""
         self.rounds.prefetcher = prefetcher
+        self._matrix_step = self.drafter.matrix_step() if prefetcher is None else None
+        self._rows_current = False  # the rows are looked up again, with what the route keeps for them
 
     def propose(self, rows: BatchRows, sampled_token_ids: Sequence[Sequence[int]],
                 live: Mapping[str, object]) -> list[list[int]]:
@@ -139,7 +143,7 @@ class RequestBook:
         num_rows = len(sampled_token_ids)
         new_batch = self._sync_rows(rows, num_rows, live)
         sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=num_rows)  # [B]
-        if self._matrix_step is not None and self.prefetcher is None:
+        if self._matrix_step is not None:
             return self._propose_compiled(rows, num_rows, sampled, live, new_batch)
         requests, slots, keys = self._rows.requests, self._rows.slots, self._rows.keys
         num_tokens, budgets, to_draft = self._tokens.step(slots, rows.token_ids, rows.num_tokens, sampled,
