@@ -10,6 +10,10 @@ is held up before each change (as a preempted thread would be).
 
 Negative controls: callers mixed up after an abort (an injected race) and a weight load that does nothing must
 be caught. A weight load of different weights changes the tokens of the next call on, and of no call before.
+
+A hybrid model (Gated DeltaNet layers beside full attention, rollout/recurrent_slots.py) runs the same chaos: each
+row's linear-attention state must follow its row as rows leave, join and are aborted. Negative control: states
+that stay where they were when a row leaves (each remaining row reads another's) must be caught.
 """
 
 import asyncio
@@ -22,9 +26,11 @@ import torch
 from engine_testing import VOCAB, actor_rollout_ref_config, tiny_model_dir
 from verl.utils.config import omega_conf_to_dataclass
 
+from verl_ext.rollout import recurrent_slots
 from verl_ext.rollout.hf_server import HFRolloutServer
 
 REQUESTS = 600
+HYBRID_REQUESTS = 400
 CALL_TIMEOUT_S = 10.0  # a tiny model on CPU finishes any request here in well under a second
 RESPONSE_LENGTH = 24
 PREEMPTION_S = 2e-4
@@ -70,6 +76,16 @@ def server(model_path):
 @pytest.fixture(scope="module")
 def quiet_server(model_path):
     return make_server(model_path)
+
+
+@pytest.fixture(scope="module")
+def hybrid_model_path(tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny_hybrid"), hybrid=True)
+
+
+@pytest.fixture(scope="module")
+def quiet_hybrid_server(hybrid_model_path):
+    return make_server(hybrid_model_path)
 
 
 def random_call(rng: random.Random, index: int) -> dict:
@@ -177,10 +193,32 @@ def greedy_violations(returns: dict, quiet_server: HFRolloutServer) -> list[str]
 
 
 def test_every_call_returns_once_and_right_under_aborts_and_weight_syncs(server, quiet_server):
+    assert_every_call_returns_once_and_right(server, quiet_server, REQUESTS)
+
+
+def test_a_hybrid_models_calls_return_once_and_right_under_aborts_and_weight_syncs(hybrid_model_path,
+                                                                                     quiet_hybrid_server):
+    server = make_server(hybrid_model_path)
+    server._waiting = PreemptedDict()
+    assert_every_call_returns_once_and_right(server, quiet_hybrid_server, HYBRID_REQUESTS)
+
+
+def test_hybrid_states_left_behind_by_leaving_rows_are_caught(hybrid_model_path, quiet_hybrid_server, monkeypatch):
+    # negative control: when rows leave the batch, every layer's states keep the first rows rather than the ones
+    # that stay, so a remaining row may go on from another row's state
+    def left_behind(slot, order, used):
+        slot.conv_states, slot.recurrent_states = slot.conv_states[:len(order)], slot.recurrent_states[:len(order)]
+
+    monkeypatch.setattr(recurrent_slots.RecurrentSlot, "keep_rows", left_behind)
+    returns, _, _ = chaos_run(make_server(hybrid_model_path), seed=1, requests=HYBRID_REQUESTS // 2)
+    assert greedy_violations(returns, quiet_hybrid_server) != []
+
+
+def assert_every_call_returns_once_and_right(server: HFRolloutServer, quiet_server: HFRolloutServer, requests: int):
     start = time.perf_counter()
-    returns, counts, errors = chaos_run(server)
+    returns, counts, errors = chaos_run(server, requests=requests)
     elapsed = time.perf_counter() - start
-    assert sorted(returns) == sorted(f"r{i}" for i in range(REQUESTS))  # none lost
+    assert sorted(returns) == sorted(f"r{i}" for i in range(requests))  # none lost
     assert all(len(outputs) == 1 for outputs in returns.values())  # none twice
     failures = {rid: out for rid, [(_, out)] in returns.items() if isinstance(out, BaseException)}
     assert not errors and not failures, (
@@ -201,7 +239,7 @@ def test_every_call_returns_once_and_right_under_aborts_and_weight_syncs(server,
     assert not server._waiting and not server._backlog and server._inbox.empty()
     assert greedy_violations(returns, quiet_server) == []
     greedy = sum(kwargs["sampling_params"]["temperature"] == 0.0 for [(kwargs, _)] in returns.values())
-    print(f"{REQUESTS} calls in {elapsed:.1f}s: {reasons}; {greedy} greedy ones checked; interleaved {counts}")
+    print(f"{requests} calls in {elapsed:.1f}s: {reasons}; {greedy} greedy ones checked; interleaved {counts}")
 
 
 def test_callers_mixed_up_after_an_abort_are_caught(model_path, quiet_server, monkeypatch):
