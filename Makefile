@@ -17,10 +17,12 @@ VLLM_WHY_NOT := $(shell scripts/install_vllm_env.sh --why-not)
 # machine; the benchmarks run unpinned (they measure this machine's speed).
 FLOAT_PATH := $(if $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo y),\
 	ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2)
-# The processes here share a few cores (the build beside the vLLM install, two test workers, a run's actor and
-# rollout server): OpenMP threads that wait for work sleep instead of spinning on a core another process needs.
+# The tests' processes share a few cores (the build beside the vLLM install, two test workers, a GRPO run beside the
+# vLLM suite): OpenMP threads that wait for work sleep instead of spinning on a core another process needs.
 # On 2 cores (2026-12-06): a warm-start step beside one busy process 577 -> 340 ms (CPU 738 -> 335 ms a step);
 # the engine and attention tests on two workers 96 -> 72 s. Only how idle threads wait changes, not what they compute.
+# `make demo` leaves the default: its build runs alone, where a sleeping thread is slow to wake for each small
+# operator (the hybrid warm start's step at 60 tokens 311 ms spinning, 471 passive; 10 GRPO steps of the demo the same).
 SHARED_CORES := OMP_WAIT_POLICY=PASSIVE
 RECIPE ?= demo_cpu
 # The main suite runs in two parts: tests/integration's real GRPO runs in one process (each run is a Ray cluster of
@@ -53,7 +55,7 @@ $(VLLM_INSTALLED): setup.py constraints-vllm.txt scripts/install_vllm_env.sh shi
 	touch $@
 
 demo: install
-	$(FLOAT_PATH) $(SHARED_CORES) $(BIN)/python -m verl_ext.main --config-name $(RECIPE) $(ARGS)
+	$(FLOAT_PATH) $(BIN)/python -m verl_ext.main --config-name $(RECIPE) $(ARGS)
 
 demo-vllm:
 ifneq ($(VLLM_WHY_NOT),)
