@@ -201,6 +201,8 @@ def test_a_hybrid_models_calls_return_once_and_right_under_aborts_and_weight_syn
     server = make_server(hybrid_model_path)
     server._waiting = PreemptedDict()
     assert_every_call_returns_once_and_right(server, quiet_hybrid_server, HYBRID_REQUESTS)
+    metrics = server.engine.speculator.take_metrics()  # drafts were verified, and some rejected: states rewound
+    assert 0 < metrics.accepted_tokens < metrics.drafted_tokens
 
 
 def test_hybrid_states_left_behind_by_leaving_rows_are_caught(hybrid_model_path, quiet_hybrid_server, monkeypatch):
