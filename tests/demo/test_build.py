@@ -229,6 +229,16 @@ def test_the_full_build_s_band(start_reward, refused):
         build.check_start_reward("full", start_reward)
 
 
+@pytest.mark.parametrize("start_reward,refused", [(0.34, True), (0.44, True), (0.58, False), (0.86, True)])
+def test_the_hybrid_build_s_band(start_reward, refused):
+    # 0.58: the AVX2 path's build (docs/design-notes.md, "The hybrid default"); 0.34: a shorter warm start
+    if refused:
+        with pytest.raises(DemoAssetsError, match="pins the float path"):
+            build.check_start_reward("hybrid", start_reward)
+    else:
+        build.check_start_reward("hybrid", start_reward)
+
+
 def test_the_embedded_default_built_here_is_in_its_band(demo_data_dir):
     low, high = build.START_REWARD_BANDS["full"]
     assert low <= ensure_demo_assets(demo_data_dir).report["start_reward"] <= high
