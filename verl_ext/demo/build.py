@@ -147,8 +147,8 @@ PROFILES: dict[str, BuildProfile] = {
 # bar (the last quarter of make demo at least 0.10 above the first), and a warm start that took. The warm start's
 # float kernels differ by processor, so the policy does (measured: 0.68 on a processor with AVX-512, 0.52 on an
 # AVX2-only AMD EPYC). Kept out of the profiles: it judges a build, it does not change what is built.
-# hybrid: 0.58 on the AVX2 path (+0.09 to +0.13 in 40 steps, 2026-12-06); the builds below its band learned little
-# or nothing: 0.25 (unpinned, an AVX-512 path), 0.34 (a warm start 200 steps shorter), 0.07 (other training prompts).
+# hybrid: 0.58 on the AVX2 path (+0.09 to +0.13 in 40 steps, 2026-12-06); builds below its band learned little
+# (0.25 unpinned on an AVX-512 path, 0.34 from a warm start 200 steps shorter) or had not taken (0.07).
 START_REWARD_BANDS: dict[str, tuple[float, float]] = {"full": (0.40, 0.85), "hybrid": (0.45, 0.85)}
 
 
