@@ -218,25 +218,19 @@ def test_a_warm_start_outside_its_band_is_refused_and_not_kept(tmp_path, monkeyp
     assert not list(tmp_path.glob(".demo-*.building-*"))  # no scratch left behind
 
 
-@pytest.mark.parametrize("start_reward,refused", [(0.39, True), (0.52, False), (0.68, False), (0.86, True)])
-def test_the_full_build_s_band(start_reward, refused):
-    # 0.52 and 0.68: the two processors measured (docs/running.md); below, a warm start that did not take; above, no room
-    # for the demo's learning bar
+@pytest.mark.parametrize("profile,start_reward,refused", [
+    # full: 0.52 and 0.68, the two processors measured (docs/running.md); below, a warm start that did not take;
+    # above, no room for the demo's learning bar
+    ("full", 0.39, True), ("full", 0.52, False), ("full", 0.68, False), ("full", 0.86, True),
+    # hybrid: 0.58, the AVX2 path's build (docs/design-notes.md, "The hybrid default"); 0.34, a shorter warm start
+    ("hybrid", 0.34, True), ("hybrid", 0.44, True), ("hybrid", 0.58, False), ("hybrid", 0.86, True),
+])
+def test_each_build_s_band(profile, start_reward, refused):
     if refused:
-        with pytest.raises(DemoAssetsError, match="report it"):
-            build.check_start_reward("full", start_reward)
+        with pytest.raises(DemoAssetsError, match="pins the float path.*report it"):
+            build.check_start_reward(profile, start_reward)
     else:
-        build.check_start_reward("full", start_reward)
-
-
-@pytest.mark.parametrize("start_reward,refused", [(0.34, True), (0.44, True), (0.58, False), (0.86, True)])
-def test_the_hybrid_build_s_band(start_reward, refused):
-    # 0.58: the AVX2 path's build (docs/design-notes.md, "The hybrid default"); 0.34: a shorter warm start
-    if refused:
-        with pytest.raises(DemoAssetsError, match="pins the float path"):
-            build.check_start_reward("hybrid", start_reward)
-    else:
-        build.check_start_reward("hybrid", start_reward)
+        build.check_start_reward(profile, start_reward)
 
 
 def test_the_embedded_default_built_here_is_in_its_band(demo_data_dir):
