@@ -53,8 +53,8 @@ def test_shared_prefix_loss_and_gradients_match_a_plain_forward(full_tokenizer, 
 def test_shared_prefix_of_a_hybrid_model_matches_a_plain_forward(full_tokenizer):
     # demo_cpu_hybrid's architecture: the prefix's linear-attention states are read by every row, never updated;
     # in fp64 throughout (transformers' delta rule casts to fp32), so that only the prefix sharing can differ
-    hybrid = build_model(build_config(full_tokenizer, replace(SMALL, num_hidden_layers=4, architecture="qwen3_5")),
-                         seed=0).double()
+    shape = replace(SMALL, num_hidden_layers=4, architecture="qwen3_5", attention_head_dim=32)  # wide, as the demo's
+    hybrid = build_model(build_config(full_tokenizer, shape), seed=0).double()
     with fp64_throughout():
         _assert_shared_prefix_matches_plain(full_tokenizer, hybrid, rtol=1e-9, atol=1e-12)
 

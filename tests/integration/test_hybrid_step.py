@@ -30,7 +30,8 @@ def _hybrid_model(demo_data_dir: Path, target: Path) -> Path:
 
     source = ensure_demo_assets(demo_data_dir).model_path
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.safetensors", "config.json"))
-    shape = ModelShape(hidden_size=64, num_hidden_layers=4, intermediate_size=128, architecture="qwen3_5")
+    shape = ModelShape(hidden_size=64, num_hidden_layers=4, intermediate_size=128, architecture="qwen3_5",
+                       attention_head_dim=32)  # wider than hidden/heads, as the hybrid default's
     build_model(build_config(AutoTokenizer.from_pretrained(source), shape), seed=0).save_pretrained(target)
     return target
 
