@@ -79,6 +79,13 @@ class BuildProfile:
     max_answer_tokens: int = 64  # sampling budget when measuring the start reward
 
 
+# The policies' shapes; a profile that continues from another (init_from) keeps that one's shape.
+DENSE_SHAPE = ModelShape(hidden_size=128, num_hidden_layers=2, intermediate_size=384)
+# Its attention heads are 64 wide, not hidden/heads = 32: with 32 the policy could not copy numbers (ints right in 24%
+# of answers), and GRPO had little it could reinforce (docs/design-notes.md, "The hybrid default")
+HYBRID_SHAPE = ModelShape(hidden_size=128, num_hidden_layers=4, intermediate_size=384, architecture="qwen3_5",
+                          attention_head_dim=64)
+
 PROFILES: dict[str, BuildProfile] = {
     "full": BuildProfile(
         # 16 prompts, 2 steps an epoch: in the demo's 40 steps each prompt comes back 20 times, and GRPO's gain
@@ -88,7 +95,7 @@ PROFILES: dict[str, BuildProfile] = {
         val_prompts=32,
         sft_examples=4000,
         vocab_size=768,
-        shape=ModelShape(hidden_size=128, num_hidden_layers=2, intermediate_size=384),
+        shape=DENSE_SHAPE,
         sft=SFTConfig(record_only_steps=800, full_prompt_steps=150, batch_size=32),
         eval_samples=64,
     ),
@@ -108,7 +115,7 @@ PROFILES: dict[str, BuildProfile] = {
         val_prompts=8,
         sft_examples=2000,
         vocab_size=768,
-        shape=ModelShape(hidden_size=128, num_hidden_layers=2, intermediate_size=384),
+        shape=DENSE_SHAPE,
         sft=SFTConfig(record_only_steps=200, full_prompt_steps=100, batch_size=16, lr=1e-3),
         eval_samples=32,
         task="record_list",
@@ -116,16 +123,13 @@ PROFILES: dict[str, BuildProfile] = {
         max_answer_tokens=384,
     ),
     # demo_cpu_hybrid: the embedded default's task and warm start on a Qwen3.5-shaped policy (three Gated DeltaNet
-    # layers to one full-attention layer). Its attention heads are 64 wide, not hidden/heads = 32: with 32 the policy
-    # could not copy numbers (ints right in 24% of answers), and GRPO had little it could reinforce
-    # (docs/design-notes.md, "The hybrid default")
+    # layers to one full-attention layer)
     "hybrid": BuildProfile(
         train_prompts=16,
         val_prompts=32,
         sft_examples=4000,
         vocab_size=768,
-        shape=ModelShape(hidden_size=128, num_hidden_layers=4, intermediate_size=384, architecture="qwen3_5",
-                         attention_head_dim=64),
+        shape=HYBRID_SHAPE,
         sft=SFTConfig(record_only_steps=800, full_prompt_steps=150, batch_size=32),
         eval_samples=64,
     ),
@@ -136,8 +140,7 @@ PROFILES: dict[str, BuildProfile] = {
         val_prompts=8,
         sft_examples=2000,
         vocab_size=768,
-        shape=ModelShape(hidden_size=128, num_hidden_layers=4, intermediate_size=384, architecture="qwen3_5",
-                         attention_head_dim=64),
+        shape=HYBRID_SHAPE,
         sft=SFTConfig(record_only_steps=200, full_prompt_steps=100, batch_size=16, lr=1e-3),
         eval_samples=32,
         task="record_list",
