@@ -18,6 +18,8 @@ from attention_testing import Result, _result, grouped_response_log_probs, make_
 from family_check import fp64_throughout
 from hybrid_models import CONFIGS, hybrid_model, packed_sequences_rule
 
+from verl_ext.attention.kernels.delta_rule import chunk_gated_delta_rule, is_transformers_torch_rule, \
+    use_vectorized_delta_rule
 from verl_ext.attention.kinds import MIXERS
 
 # a group of 8 (prompt over one chunk, responses of 0 to 130 tokens), one of 2, one whose prompt (2 tokens) is
@@ -92,3 +94,17 @@ def test_a_kernel_taking_packed_sequences_gets_them_packed_and_stays_exact(famil
                                 packed_sequences_rule(module.chunk_gated_delta_rule, calls))
     assert _compare_fp64(model) == []
     assert calls and max(calls) > 1, calls  # packed calls, several sequences in one
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+def test_verl_exts_delta_rule_installed_serves_the_grouped_forward_exactly(family):
+    """verl_ext's CPU engines and HF rollout install its torch delta rule (attention/kernels/delta_rule.py) in
+    place of transformers' torch kernel: the grouped forward runs it as it runs the module's own."""
+    model = hybrid_model(family, torch.float64)
+    rules = [m.chunk_gated_delta_rule for m in model.modules() if hasattr(m, "chunk_gated_delta_rule")]
+    assert rules and all(is_transformers_torch_rule(r) for r in rules)
+    assert use_vectorized_delta_rule(model) == len(rules)
+    assert use_vectorized_delta_rule(model) == 0  # installed once
+    assert all(m.chunk_gated_delta_rule.func is chunk_gated_delta_rule
+               for m in model.modules() if hasattr(m, "chunk_gated_delta_rule"))
+    assert _compare_fp64(model) == []

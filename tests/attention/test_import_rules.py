@@ -18,7 +18,7 @@ ROOT = Path(verl_ext.attention.__file__).parent
 
 # lower layers first; a module imports only modules of the layers before its own
 LAYERS = [
-    {"groups", "layer_kinds", "prefix_state", "kernels.merge"},
+    {"groups", "layer_kinds", "prefix_state", "kernels.merge", "kernels.delta_rule"},
     {"layout", "options"},
     {"kernels.sdpa", "kernels.flex", "kernels.flash", "kernels.recurrent"},
     {"kernels"},

@@ -22,6 +22,7 @@ from engine_testing import DYNAMIC, FIXED, GROUPS, LONG_GROUPS, SPLIT_DYNAMIC, S
     build_actor, engine_result, init_single_process_group, rollout_batch, standard_batching, tiny_model_dir, violations
 from family_check import fp64_throughout
 
+from verl_ext.attention.kernels.delta_rule import chunk_gated_delta_rule
 from verl_ext.workers.grouped_engine import SHARED_GROUPS_METRIC, TOKEN_RATIO_METRIC
 
 REL = 1e-4
@@ -64,6 +65,14 @@ def _in_fp64(rule, query, key, value, g, beta, initial_state=None, **options):
         out, state = rule(*(t.double() for t in (query, key, value)), g=g.double(), beta=beta.double(),
                           initial_state=None if initial_state is None else initial_state.double(), **options)
     return out.to(query.dtype), None if state is None else state.float()
+
+
+def test_the_cpu_engines_run_verl_exts_delta_rule(actors):
+    # both engines, grouped or not (cpu_engines.py), under this module's fp64 wrapper
+    for actor in actors:
+        rules = [m.chunk_gated_delta_rule.args[0] for m in actor.engine.module.modules()
+                 if hasattr(m, "chunk_gated_delta_rule")]
+        assert rules and all(rule.func is chunk_gated_delta_rule for rule in rules), rules
 
 
 def test_verls_packed_forward_runs_a_linear_layer_across_samples(actors):

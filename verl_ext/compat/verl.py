@@ -78,6 +78,19 @@ def autocast_dtype(engine) -> torch.dtype:
     return getattr(engine, "_autocast_dtype", torch.bfloat16)
 
 
+class ModuleBuilt:
+    """Mixin for verl's FSDP engines: ``module_built(module)`` runs on the Hugging Face module that
+    ``FSDPEngine._build_module`` returns, before ``_build_fsdp_module`` wraps it."""
+
+    def _build_module(self):
+        module = super()._build_module()
+        self.module_built(module)
+        return module
+
+    def module_built(self, module: torch.nn.Module) -> None:
+        pass
+
+
 class NoHostOffload:
     """Mixin for verl's FSDP engines: ``FSDPEngine._build_fsdp_module`` offloads a forward-only (reference) model to
     pinned host memory; this builds it as a trained one, whose parameters stay where they are."""

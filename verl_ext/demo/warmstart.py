@@ -157,7 +157,9 @@ def _answer_loss(model: PreTrainedModel, batch: tuple[torch.Tensor, ...]) -> tor
 
 # transformers' torch delta rule solves each chunk's triangular system one row at a time (a Python loop of chunk_size
 # steps, and its backward): 32-token chunks train the hybrid demo's policy 1.6x faster than its default 64 on CPU
-# (0.75 s to 0.47 s a step, batch 32, 2026-12-06). The same function of its inputs; only the build uses it.
+# (0.75 s to 0.47 s a step, batch 32, 2026-12-06). The same function of its inputs; only the build uses it. verl_ext's
+# own rule (attention/kernels/delta_rule.py, 0.41 s) rounds another way, and the build follows its float path: the
+# default built through it did not learn (design notes, "verl_ext's delta rule on CPU").
 _WARM_START_CHUNK = 32
 
 

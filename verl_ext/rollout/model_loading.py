@@ -6,6 +6,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.device import get_device_name
 from verl.workers.config import HFModelConfig
 
+from verl_ext.attention.kernels.delta_rule import use_vectorized_delta_rule
 from verl_ext.rollout.gqa_attention import rollout_attention
 
 
@@ -29,6 +30,8 @@ def load_rollout_model(model_config: HFModelConfig, rollout_config, device: torc
         model = AutoModelForCausalLM.from_config(model_config.hf_config, dtype=dtype, attn_implementation=attn)
     else:
         model = AutoModelForCausalLM.from_pretrained(model_config.local_path, dtype=dtype, attn_implementation=attn)
+    if device.type == "cpu":  # prefills through verl_ext's torch delta rule, as the CPU training engines run it
+        use_vectorized_delta_rule(model)
     return model.to(device).eval().requires_grad_(False)
 
 
