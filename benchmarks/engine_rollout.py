@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from verl_ext.attention.kernels.delta_rule import use_vectorized_delta_rule
 from verl_ext.rollout.engine import HFGenerationEngine
 from verl_ext.rollout.gqa_attention import rollout_attention
 from verl_ext.rollout.requests import GenerationRequest, SamplingSettings
@@ -38,6 +39,8 @@ def load_task(profile: str, num_prompts: int, device: torch.device = torch.devic
     attention = rollout_attention("sdpa", device)  # what the HF rollout runs there
     model = AutoModelForCausalLM.from_pretrained(assets.model_path, dtype=torch.float32,
                                                  attn_implementation=attention).to(device).eval()
+    if device.type == "cpu":  # a hybrid policy's delta rule as the HF rollout runs it there (model_loading.py)
+        use_vectorized_delta_rule(model)
     return model, assets.prompt_ids(num_prompts), frozenset({tokenizer.eos_token_id})
 
 
