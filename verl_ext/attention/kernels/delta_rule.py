@@ -33,8 +33,9 @@ def chunk_gated_delta_rule(
     """([B, S, H, V] outputs in the inputs' dtype, the [B, H, K, V] final state in float32 (float64 for float64
     inputs) or None)."""
     if unused.get("cu_seqlens") is not None:
-        raise ValueError("chunk_gated_delta_rule runs padded batches, not packed sequences (cu_seqlens); "
-                         "run packed sequences through flash-linear-attention's kernel")
+        raise ValueError("verl_ext's torch delta rule runs padded batches, not packed sequences (cu_seqlens): on CPU "
+                         "set actor_rollout_ref.model.use_remove_padding=false (flash-linear-attention's kernel takes "
+                         "packed sequences on CUDA)")
     out_dtype = query.dtype
     if use_qk_l2norm_in_kernel:
         query, key = _l2norm(query), _l2norm(key)
