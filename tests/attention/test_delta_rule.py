@@ -1,10 +1,10 @@
 """verl_ext's torch delta rule (attention/kernels/delta_rule.py) against the gated delta rule's definition, run token
 by token in fp64 here: outputs, final state and the gradients of every input, the starting state's included.
 
-Budget: fp64 max abs <= 1e-10 relative to the reference's largest magnitude (at least 1: with one token from
-a zero state the decay's gradient is exactly 0). Lengths cross the chunks (one token,
-a chunk, a chunk and one, several chunks and a part), with and without a starting state, with chunks of 16 and 64.
-The grouped forward with the rule installed stays exact: tests/attention/test_hybrid_equivalence.py.
+Budget: fp64 max abs <= 1e-10 relative to the reference's largest magnitude (at least 1: with one token from a
+zero state the decay's gradient is exactly 0). Lengths cross the chunks (one token, a chunk, a chunk and one,
+several chunks and a part), with and without a starting state, with chunks of 16 and 64. The grouped forward with
+the rule installed stays exact: tests/attention/test_hybrid_equivalence.py.
 """
 
 import functools
