@@ -25,6 +25,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import LinearAttentionLayer
 from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule as _torch_chunk_rule
 
+from verl_ext.attention.kernels.delta_rule import replace_torch_delta_rule
 from verl_ext.demo.reward import compute_score
 from verl_ext.demo.task import DATA_SOURCE, Example
 
@@ -164,9 +165,7 @@ _WARM_START_CHUNK = 32
 
 
 def _shorter_delta_rule_chunks(model: PreTrainedModel) -> None:
-    for module in model.modules():
-        if getattr(module, "chunk_gated_delta_rule", None) is _torch_chunk_rule:
-            module.chunk_gated_delta_rule = functools.partial(_torch_chunk_rule, chunk_size=_WARM_START_CHUNK)
+    replace_torch_delta_rule(model, functools.partial(_torch_chunk_rule, chunk_size=_WARM_START_CHUNK))
 
 
 def supervised_warm_start(

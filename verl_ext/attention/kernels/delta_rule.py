@@ -90,10 +90,15 @@ def is_transformers_torch_rule(rule) -> bool:
         getattr(rule, "__module__", "").startswith("transformers.models.")
 
 
-def use_vectorized_delta_rule(model: torch.nn.Module, chunk_size: int = 64) -> int:
-    """Run `chunk_gated_delta_rule` above wherever `model`'s linear-attention layers run transformers' torch path
-    (not flash-linear-attention's kernel); returns how many layers it now serves."""
+def replace_torch_delta_rule(model: torch.nn.Module, rule) -> int:
+    """`rule` wherever `model`'s linear-attention layers run transformers' torch path (not flash-linear-attention's
+    kernel); returns how many layers it now serves."""
     layers = [m for m in model.modules() if is_transformers_torch_rule(getattr(m, "chunk_gated_delta_rule", None))]
     for module in layers:
-        module.chunk_gated_delta_rule = functools.partial(chunk_gated_delta_rule, chunk_size=chunk_size)
+        module.chunk_gated_delta_rule = rule
     return len(layers)
+
+
+def use_vectorized_delta_rule(model: torch.nn.Module, chunk_size: int = 64) -> int:
+    """`chunk_gated_delta_rule` above in place of transformers' torch path; returns how many layers it now serves."""
+    return replace_torch_delta_rule(model, functools.partial(chunk_gated_delta_rule, chunk_size=chunk_size))
