@@ -154,7 +154,7 @@ PROFILES: dict[str, BuildProfile] = {
 # bar (the last quarter of make demo at least 0.10 above the first), and a warm start that took. The warm start's
 # float kernels differ by processor, so the policy does (measured: 0.68 on a processor with AVX-512, 0.52 on an
 # AVX2-only AMD EPYC). Kept out of the profiles: it judges a build, it does not change what is built.
-# hybrid: 0.68 on the AVX2 path of an Intel Xeon (+0.100 to +0.114 in three runs of the recipe's 50 steps); builds of
+# hybrid: 0.68 on the AVX2 path of an Intel Xeon (+0.100 to +0.115 in five runs of the recipe's 50 steps); builds of
 # the same shape at 0.48 and 0.75 (through verl_ext's delta rule; a warm start 150 steps longer) did not learn
 # (+0.009, +0.011), nor those at 0.32 and 0.36 (warm starts 150 and 350 steps shorter) (2026-12-06)
 START_REWARD_BANDS: dict[str, tuple[float, float]] = {"full": (0.40, 0.85), "hybrid": (0.55, 0.72)}
