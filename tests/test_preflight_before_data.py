@@ -29,6 +29,7 @@ def _config(data_dir, *overrides, recipe="demo_cpu"):
         ("actor_rollout_ref.rollout.n=0", "rollout.n=0 is invalid"),
         ("actor_rollout_ref.rollout.n=-2", "rollout.n=-2 is invalid"),
         ("actor_rollout_ref.rollout.n=two", "rollout.n='two' is invalid"),
+        ("algorithm.rollout_correction.bypass_mode=yes", "bypass_mode='yes' is not a boolean"),
     ],
 )
 def test_refused_before_the_data_is_built(tmp_path, override, words):
@@ -55,6 +56,19 @@ def test_full_determinism_on_cpu_vllm_is_refused(tmp_path):
     with pytest.raises(preflight.ConfigError, match="rollout.name=hf"):
         preflight.check_before_data(config)
     preflight.check_before_data(_config(tmp_path / "data", recipe="demo_cpu_vllm"))  # control
+
+
+def test_old_log_probs_from_a_rollout_that_returns_none_are_refused(tmp_path):
+    # verl's bypass mode copies the rollout's log-probs as the old ones: without them verl fails at the first step,
+    # after the build and the workers' start-up
+    config = _config(tmp_path / "data", "actor_rollout_ref.rollout.calculate_log_probs=false", recipe="demo_cpu_hybrid")
+    with pytest.raises(preflight.ConfigError) as error:
+        preflight.check_before_data(config)
+    assert "bypass_mode=true" in str(error.value) and "calculate_log_probs=true" in str(error.value)
+    preflight.check_before_data(_config(tmp_path / "data", recipe="demo_cpu_hybrid"))  # control: as shipped
+    preflight.check_before_data(_config(tmp_path / "data", "actor_rollout_ref.rollout.calculate_log_probs=false",
+                                        "algorithm.rollout_correction.bypass_mode=false", recipe="demo_cpu_hybrid"))
+    assert not (tmp_path / "data").exists()
 
 
 def test_flash_attention_that_is_not_the_checked_one_is_refused(tmp_path):

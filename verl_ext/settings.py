@@ -15,6 +15,7 @@ module receives these typed objects.
     verl_ext                   ExtensionSettings       data_dir, report_dir, demo_profile, grouped_attention,
                                                        show_logs
     data                       DataSettings            train_batch_size
+    algorithm                  AlgorithmSettings       rollout_correction.bypass_mode
 
 Each field names the keys it is read from in ``metadata["keys"]``. ``DECLARED_KEYS`` holds them all, with the
 speculation keys and ``VERL_KEYS`` (verl's own keys that verl_ext reads with verl's meaning and verl validates);
@@ -120,6 +121,7 @@ class RolloutSettings:
     engine_speculative_config: bool = _key("engine_kwargs.vllm.speculative_config", default=False)
     mtp_rollout: bool = _key("mtp.enable", "mtp.enable_rollout", default=False)
     disable_log_stats: bool = _key("disable_log_stats", default=True)
+    calculate_log_probs: bool = _key("calculate_log_probs", default=False)  # the sampled tokens' log-probs returned
     agent_loop_manager_class: Optional[str] = _key("agent.agent_loop_manager_class", default=None)
 
     def __post_init__(self) -> None:
@@ -238,6 +240,17 @@ class DataSettings:
 
 
 @dataclass(frozen=True)
+class AlgorithmSettings:
+    """algorithm.*: whether the old log-probs are the rollout's (verl's bypass mode), which needs them returned."""
+
+    PREFIX: ClassVar[str] = "algorithm"
+    bypass_mode: bool = _key("rollout_correction.bypass_mode", default=False)
+
+    def __post_init__(self) -> None:
+        _check_bool(f"{self.PREFIX}.rollout_correction.bypass_mode", self.bypass_mode)
+
+
+@dataclass(frozen=True)
 class DistillationSettings:
     """distillation.*: only whether it is on (the shared-prefix forward does not serve it)."""
 
@@ -256,9 +269,16 @@ class Settings:
     extension: ExtensionSettings
     data: DataSettings
     distillation: DistillationSettings = field(default_factory=DistillationSettings)
+    algorithm: AlgorithmSettings = field(default_factory=AlgorithmSettings)
 
     def __post_init__(self) -> None:
         where = RolloutSettings.PREFIX
+        if self.algorithm.bypass_mode and not self.rollout.calculate_log_probs:
+            # verl's trainer copies the rollout's log-probs as the old ones, and would find none at the first step
+            raise ConfigError(
+                f"{AlgorithmSettings.PREFIX}.rollout_correction.bypass_mode=true takes the old log-probs from the "
+                f"rollout, and {where}.calculate_log_probs=false returns none; set calculate_log_probs=true (or "
+                "bypass_mode=false, which recomputes them in the actor).")
         if self.rollout.name == "vllm" and self.rollout.full_determinism and self.trainer.device == "cpu":
             # vLLM 0.24.0's CPU workers fail every seeded request ("CPU Generator does not use offset"), the engine
             # dies, and verl's replay buffer resubmits the step's prompts without end
@@ -339,6 +359,7 @@ def read_settings(config) -> Settings:
         extension=read_extension_settings(_get(config, ExtensionSettings.PREFIX)),
         data=_read(DataSettings, _get(config, DataSettings.PREFIX)),
         distillation=_read(DistillationSettings, _get(config, DistillationSettings.PREFIX)),
+        algorithm=_read(AlgorithmSettings, _get(config, AlgorithmSettings.PREFIX)),
     )
 
 
@@ -471,7 +492,8 @@ VERL_KEYS = frozenset({
     "actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.rollout.pipeline_model_parallel_size",
 })
 
-SECTIONS = (TrainerSettings, RolloutSettings, PrefixGrouperSettings, ExtensionSettings, DataSettings)
+SECTIONS = (TrainerSettings, RolloutSettings, PrefixGrouperSettings, ExtensionSettings, DataSettings,
+            AlgorithmSettings)
 # every key parsed here, with its section's prefix
 PARSED_KEYS = frozenset(f"{cls.PREFIX}.{key}" for cls in SECTIONS for key in _field_keys(cls))
 DECLARED_KEYS = PARSED_KEYS | VERL_KEYS | {f"{SPECULATION}.{f.name}" for f in fields(SpeculationConfig)}
