@@ -10,12 +10,15 @@ from verl_ext.demo import task
 from verl_ext.demo.model import ModelShape, build_config, build_model
 from verl_ext.demo.warmstart import (
     IGNORE_INDEX,
+    FormationCheck,
     SFTConfig,
+    WarmStartStalled,
     _answer_loss,
     _shared_prefix_length,
     _until_eos,
     collate,
     sample_answers,
+    supervised_warm_start,
 )
 
 SMALL = ModelShape(hidden_size=64, num_hidden_layers=2, intermediate_size=128)
@@ -104,3 +107,20 @@ def test_until_eos_cuts_at_eos_and_drops_padding():
 def test_sft_config_rejects_bad_values(kwargs):
     with pytest.raises(ValueError):
         SFTConfig(**kwargs)
+
+
+def test_a_formation_check_stops_the_warm_start_at_its_step_only_if_the_loss_is_above_it(full_tokenizer, full_splits):
+    config = SFTConfig(record_only_steps=3, full_prompt_steps=1, batch_size=2, warmup_steps=1)
+    examples = full_splits.sft_pool[:20]
+
+    def warm_start(check=None):
+        model = build_model(build_config(full_tokenizer, SMALL), seed=0)
+        return supervised_warm_start(model, full_tokenizer, examples, config, check)
+
+    losses = warm_start()
+    at_step_2 = (losses[0] + losses[1]) / 2  # the mean of the last 25 losses, of which there are 2
+    bound = round(at_step_2 - 1e-4, 6)  # just under the loss: refused
+    with pytest.raises(WarmStartStalled, match=rf"loss {at_step_2:.3f} at step 2, above {bound}"):
+        warm_start(FormationCheck(step=2, max_loss=bound))
+    # a check the loss meets, just, leaves the warm start as it was
+    assert warm_start(FormationCheck(step=2, max_loss=at_step_2 + 1e-6)) == losses

@@ -57,6 +57,18 @@ class SFTConfig:
         return self.record_only_steps + self.full_prompt_steps
 
 
+@dataclass(frozen=True)
+class FormationCheck:
+    """The loss a warm start must be under after `step` steps (the mean of the last 25), or it is stopped there."""
+
+    step: int
+    max_loss: float
+
+
+class WarmStartStalled(RuntimeError):
+    """A warm start stopped by its FormationCheck; the message says where and by how much."""
+
+
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, example: Example, *, with_header: bool = True) -> list[int]:
     """Token ids of the chat prompt, rendered exactly as verl's agent loop renders it."""
     messages = example.messages if with_header else example.record_only_messages
@@ -169,9 +181,11 @@ def _shorter_delta_rule_chunks(model: PreTrainedModel) -> None:
 
 
 def supervised_warm_start(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: list[Example], config: SFTConfig
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: list[Example], config: SFTConfig,
+    check: FormationCheck | None = None,
 ) -> list[float]:
-    """Train `model` in place on `examples` (sampled with replacement); returns the loss per step."""
+    """Train `model` in place on `examples` (sampled with replacement); returns the loss per step. With `check`,
+    raises WarmStartStalled at its step if the loss is above its bound."""
     rng = random.Random(config.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     _shorter_delta_rule_chunks(model)
@@ -191,6 +205,10 @@ def supervised_warm_start(
         if step % 50 == 0 or step == config.steps - 1:
             elapsed = time.monotonic() - start
             logger.info("warm start step %d/%d loss %.4f (%.0f s)", step + 1, config.steps, losses[-1], elapsed)
+        if check is not None and step + 1 == check.step:
+            recent = sum(losses[-25:]) / len(losses[-25:])
+            if recent > check.max_loss:
+                raise WarmStartStalled(f"loss {recent:.3f} at step {check.step}, above {check.max_loss}")
     model.eval()
     return losses
 
