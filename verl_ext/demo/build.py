@@ -394,7 +394,7 @@ def _build_into(folder: Path, profile_name: ProfileName) -> None:
         "answer_tokens_with_eos": _summary([len(answer_ids(tokenizer, ex)) for ex in train + val]),
         "sampled_answer_tokens_without_eos": _summary(run.sampled_lengths),
         "start_reward": run.start_reward,
-        "start_reward_samples": run.samples,
+        "start_reward_samples": profile.eval_samples,
         "sft_final_loss": statistics.fmean(run.losses[-10:]),
         "sft_seconds": round(run.seconds, 1),
         "warm_start_seed": profile.seed + len(refusals),
@@ -411,8 +411,7 @@ class _WarmStarted:
     model: torch.nn.Module
     losses: list[float]
     seconds: float
-    start_reward: float
-    samples: int
+    start_reward: float  # over profile.eval_samples sampled answers
     sampled_lengths: list[int]
 
 
@@ -438,7 +437,7 @@ def _warm_start(root: Path, profile_name: ProfileName, splits: TaskSplits, seed_
     outside = outside_band(profile_name, start_reward)
     if outside:
         raise _OutsideBand(outside)
-    return _WarmStarted(tokenizer, model, losses, seconds, start_reward, len(eval_prompts), sampled_lengths)
+    return _WarmStarted(tokenizer, model, losses, seconds, start_reward, sampled_lengths)
 
 
 class _OutsideBand(Exception):
