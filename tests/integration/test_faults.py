@@ -51,12 +51,13 @@ def _check_step_metrics(metrics: dict) -> None:
     engine_tokens = metrics["rollout/engine_tokens_per_s"] * metrics["rollout/engine_s"]
     assert abs(engine_tokens - metrics["response_length/mean"] * PROMPTS_A_STEP * SAMPLES) <= 0.02 * engine_tokens
     assert 0 <= metrics["rollout/spec/accepted_tokens"] <= metrics["rollout/spec/drafted_tokens"]
-    # the rollout phase by where its time goes: the engine's phases add up to its busy time, and with the
-    # server's idle time and what lies outside its span, to verl's timing_s/gen (within 5%)
+    # the rollout phase by where its time goes: the engine's phases lie within its busy time and make up most of
+    # it (the rest is the server's admission and hand-off, and thread switches: 5.5% of a 0.41 s rollout once),
+    # and with the server's idle time and what lies outside its span, add up to verl's timing_s/gen (within 5%)
     phase = {key.removeprefix("rollout/phase/"): value for key, value in metrics.items()
              if key.startswith("rollout/phase/")}
     engine = phase["prefill_s"] + phase["decode_s"] + phase["draft_s"]
-    assert abs(engine - metrics["rollout/engine_s"]) <= 0.05 * metrics["rollout/engine_s"], phase
+    assert 0.85 * metrics["rollout/engine_s"] <= engine <= metrics["rollout/engine_s"] * (1 + 1e-9), phase
     assert phase["server_span_s"] <= metrics["timing_s/gen"] and phase["server_idle_s"] >= 0, phase
     total = engine + phase["server_idle_s"] + phase["outside_server_s"]
     assert abs(total - metrics["timing_s/gen"]) <= 0.05 * metrics["timing_s/gen"], (phase, metrics["timing_s/gen"])

@@ -200,8 +200,8 @@ class HFRolloutServer:
             try:
                 # idle: block until there is work (the backlog is only added to on this thread)
                 items = [] if self.engine.has_work or self._backlog else [self._inbox.get()]
-                start = time.perf_counter()
                 with self._lock:
+                    start = time.perf_counter()  # after the lock: a weight load or a metrics read is not engine time
                     self._backlog.extend(items + self._drain_inbox())
                     items = []
                     done = self._admit_locked()
