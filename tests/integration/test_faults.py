@@ -51,16 +51,19 @@ def _check_step_metrics(metrics: dict) -> None:
     engine_tokens = metrics["rollout/engine_tokens_per_s"] * metrics["rollout/engine_s"]
     assert abs(engine_tokens - metrics["response_length/mean"] * PROMPTS_A_STEP * SAMPLES) <= 0.02 * engine_tokens
     assert 0 <= metrics["rollout/spec/accepted_tokens"] <= metrics["rollout/spec/drafted_tokens"]
-    # the rollout phase by where its time goes: the engine's phases lie within its busy time and make up most of
-    # it (the rest is the server's admission and hand-off, and thread switches: 5.5% of a 0.41 s rollout once),
-    # and with the server's idle time and what lies outside its span, add up to verl's timing_s/gen (within 5%)
+    # the rollout phase by where its time goes. The engine's phases lie within its busy time and make up nearly all
+    # of it: the rest is the server's admission and hand-off, 0.8-1.2% of a 0.23-0.32 s rollout (2026-12-07); a
+    # 20% undercount of decode falls under the bound. (Until the busy clock started after the lock, a wait behind a
+    # drafter-state load counted: 5.5% once, on a resumed run.) The clocks nest: busy time within the server's span
+    # (its idle time the difference), the span within verl's timing_s/gen (what lies outside it the difference).
     phase = {key.removeprefix("rollout/phase/"): value for key, value in metrics.items()
              if key.startswith("rollout/phase/")}
+    busy, span, gen = metrics["rollout/engine_s"], phase["server_span_s"], metrics["timing_s/gen"]
     engine = phase["prefill_s"] + phase["decode_s"] + phase["draft_s"]
-    assert 0.85 * metrics["rollout/engine_s"] <= engine <= metrics["rollout/engine_s"] * (1 + 1e-9), phase
-    assert phase["server_span_s"] <= metrics["timing_s/gen"] and phase["server_idle_s"] >= 0, phase
-    total = engine + phase["server_idle_s"] + phase["outside_server_s"]
-    assert abs(total - metrics["timing_s/gen"]) <= 0.05 * metrics["timing_s/gen"], (phase, metrics["timing_s/gen"])
+    assert 0.9 * busy <= engine <= busy * (1 + 1e-9), phase
+    assert busy <= span * 1.01 + 1e-3 and span <= gen, (phase, busy, gen)  # wall clock against perf_counter
+    assert phase["server_idle_s"] == pytest.approx(max(0.0, span - busy), abs=1e-9), phase
+    assert phase["outside_server_s"] == pytest.approx(gen - span), (phase, gen)
     assert phase["outside_engine_s"] == pytest.approx(metrics["timing_s/gen"] - metrics["rollout/engine_s"])
 
 
