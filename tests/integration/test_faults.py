@@ -53,9 +53,9 @@ def _check_step_metrics(metrics: dict) -> None:
     assert 0 <= metrics["rollout/spec/accepted_tokens"] <= metrics["rollout/spec/drafted_tokens"]
     # the rollout phase by where its time goes. The engine's phases lie within its busy time and make up nearly all
     # of it: the rest is the server's admission and hand-off, 0.8-1.2% of a 0.23-0.32 s rollout (2026-12-07); a
-    # 20% undercount of decode falls under the bound. (Until the busy clock started after the lock, a wait behind a
-    # drafter-state load counted: 5.5% once, on a resumed run.) The clocks nest: busy time within the server's span
-    # (its idle time the difference), the span within verl's timing_s/gen (what lies outside it the difference).
+    # 20% undercount of decode falls under the bound. (CI once saw 5.5%, on a resumed run's first step, while the
+    # busy clock still started before the lock, so that a wait for it counted.) The clocks nest: busy within the span
+    # (the server's idle time the difference), the span within verl's timing_s/gen (the time outside it the rest).
     phase = {key.removeprefix("rollout/phase/"): value for key, value in metrics.items()
              if key.startswith("rollout/phase/")}
     busy, span, gen = metrics["rollout/engine_s"], phase["server_span_s"], metrics["timing_s/gen"]
