@@ -8,6 +8,9 @@
                 client's storage manager (transfer_queue 0.1.11; under another version, verl's puts)
     numba       the on-disk cache's locator list: a kernel's cache keyed by every verl_ext module it reaches
                 (numba 0.65 to 0.68; under another numba the kernels compile in each process, with a warning)
+    transformers  a copy of its torch chunked gated delta rule (5.10.4), bit for bit, with a cheaper backward: what
+                the hybrid demo's warm start trains through (tests/demo/test_warm_start_rule.py holds it to the
+                installed one)
 
 Every private name of an upstream and every function copied from one lives in these modules, each with the
 upstream file it mirrors; ``tests/test_private_names.py`` fails on one anywhere else. The installed version of

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import LinearAttentionLayer
-from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule as _torch_chunk_rule
 
 from verl_ext.attention.kernels.delta_rule import replace_torch_delta_rule
+from verl_ext.compat.transformers import torch_chunk_gated_delta_rule
 from verl_ext.demo.reward import compute_score
 from verl_ext.demo.task import DATA_SOURCE, Example
 
@@ -81,13 +81,24 @@ def answer_ids(tokenizer: PreTrainedTokenizerBase, example: Example) -> list[int
     return tokenizer(example.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
 
+def tokenize(
+    tokenizer: PreTrainedTokenizerBase, example: Example, *, with_header: bool = True
+) -> tuple[list[int], list[int]]:
+    """(prompt ids, answer ids with eos) of one example."""
+    return prompt_ids(tokenizer, example, with_header=with_header), answer_ids(tokenizer, example)
+
+
 def collate(
     tokenizer: PreTrainedTokenizerBase, examples: list[Example], *, with_header: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded `input_ids`, `attention_mask`, `labels` (answer tokens only), each [batch, max_len]."""
-    rows = [(prompt_ids(tokenizer, ex, with_header=with_header), answer_ids(tokenizer, ex)) for ex in examples]
+    return pad_rows([tokenize(tokenizer, ex, with_header=with_header) for ex in examples], tokenizer.pad_token_id)
+
+
+def pad_rows(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`collate` on (prompt ids, answer ids) rows."""
     max_len = max(len(p) + len(a) for p, a in rows)
-    input_ids = torch.full((len(rows), max_len), tokenizer.pad_token_id, dtype=torch.long)
+    input_ids = torch.full((len(rows), max_len), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(rows), max_len), dtype=torch.long)
     labels = torch.full((len(rows), max_len), IGNORE_INDEX, dtype=torch.long)
     for i, (prompt, answer) in enumerate(rows):
@@ -170,14 +181,15 @@ def _answer_loss(model: PreTrainedModel, batch: tuple[torch.Tensor, ...]) -> tor
 
 # transformers' torch delta rule solves each chunk's triangular system one row at a time (a Python loop of chunk_size
 # steps, and its backward): 32-token chunks train the hybrid demo's policy 1.6x faster than its default 64 on CPU
-# (0.75 s to 0.47 s a step, batch 32, 2026-12-06). The same function of its inputs; only the build uses it. verl_ext's
-# own rule (attention/kernels/delta_rule.py, 0.41 s) rounds another way, and the build follows its float path: the
-# default built through it did not learn (design notes, "verl_ext's delta rule on CPU").
+# (0.75 s to 0.47 s a step, batch 32, 2026-12-06). The same function of its inputs; only the build uses it, through
+# compat/transformers.py: transformers' rule bit for bit, with a cheaper backward. verl_ext's own rule
+# (attention/kernels/delta_rule.py) rounds another way, and the build follows its float path: the default built
+# through it did not learn (design notes, "verl_ext's delta rule on CPU").
 _WARM_START_CHUNK = 32
 
 
 def _shorter_delta_rule_chunks(model: PreTrainedModel) -> None:
-    replace_torch_delta_rule(model, functools.partial(_torch_chunk_rule, chunk_size=_WARM_START_CHUNK))
+    replace_torch_delta_rule(model, functools.partial(torch_chunk_gated_delta_rule, chunk_size=_WARM_START_CHUNK))
 
 
 def supervised_warm_start(
@@ -190,13 +202,16 @@ def supervised_warm_start(
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     _shorter_delta_rule_chunks(model)
     model.train()
+    # each example rendered once, not at each of its draws (tokens of 32 examples a step: 7-22 ms)
+    tokenized = functools.cache(functools.partial(tokenize, tokenizer))
     losses: list[float] = []
     start = time.monotonic()
     for step in range(config.steps):
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, config)
-        batch = rng.choices(examples, k=config.batch_size)
-        loss = _answer_loss(model, collate(tokenizer, batch, with_header=step >= config.record_only_steps))
+        with_header = step >= config.record_only_steps
+        rows = [tokenized(example, with_header=with_header) for example in rng.choices(examples, k=config.batch_size)]
+        loss = _answer_loss(model, pad_rows(rows, tokenizer.pad_token_id))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

@@ -20,6 +20,14 @@ from verl.plugin.platform import PlatformBase, PlatformRegistry
 CPU_SLOT_RESOURCE = "GPU"
 
 
+def training_threads() -> int:
+    """Torch threads for a training rank: the cores this process may run on, shared among the node's ranks (what
+    verl's Ray worker group sets as RAY_LOCAL_WORLD_SIZE; torchrun's LOCAL_WORLD_SIZE), at least one."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    ranks = os.environ.get("RAY_LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_WORLD_SIZE") or "1"
+    return max(1, cores // max(1, int(ranks)))
+
+
 class _CPUDeviceModule(ModuleType):
     """The subset of ``torch.cuda``'s API that verl calls on its device module, as CPU no-ops."""
 
