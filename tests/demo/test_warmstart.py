@@ -19,6 +19,7 @@ from verl_ext.demo.warmstart import (
     collate,
     sample_answers,
     supervised_warm_start,
+    tokenize,
 )
 
 SMALL = ModelShape(hidden_size=64, num_hidden_layers=2, intermediate_size=128)
@@ -63,7 +64,7 @@ def test_shared_prefix_of_a_hybrid_model_matches_a_plain_forward(full_tokenizer)
 
 
 def _assert_shared_prefix_matches_plain(tokenizer, model, rtol=1e-4, atol=1e-6):
-    batch = collate(tokenizer, task.make_examples(6, seed=11))
+    batch = collate([tokenize(tokenizer, ex) for ex in task.make_examples(6, seed=11)], tokenizer.pad_token_id)
     assert _shared_prefix_length(batch[0], batch[2]) > 0  # a prefix is shared
     params = list(model.parameters())
     fast = _answer_loss(model, batch)
@@ -77,7 +78,7 @@ def _assert_shared_prefix_matches_plain(tokenizer, model, rtol=1e-4, atol=1e-6):
 
 def test_collate_trains_only_answer_tokens_and_eos(full_tokenizer):
     example = task.make_examples(1, seed=3)[0]
-    input_ids, attention_mask, labels = collate(full_tokenizer, [example])
+    input_ids, attention_mask, labels = collate([tokenize(full_tokenizer, example)], full_tokenizer.pad_token_id)
     trained = labels[labels != IGNORE_INDEX].tolist()
     assert full_tokenizer.decode(trained) == example.answer + full_tokenizer.eos_token
     assert attention_mask.all()

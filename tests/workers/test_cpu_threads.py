@@ -33,6 +33,8 @@ def test_the_actor_worker_on_cpu_takes_its_share_of_the_cores(monkeypatch, tmp_p
 
     monkeypatch.setenv("RAY_LOCAL_WORLD_SIZE", "1")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})  # three, whatever this machine has
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.setenv(key, os.environ.get(key, ""))  # restored after the test: verl's Worker env below
     init_single_process_group()
     arr = actor_rollout_ref_config(tiny_model_dir(tmp_path))
     threads = torch.get_num_threads()

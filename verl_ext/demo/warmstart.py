@@ -88,15 +88,9 @@ def tokenize(
     return prompt_ids(tokenizer, example, with_header=with_header), answer_ids(tokenizer, example)
 
 
-def collate(
-    tokenizer: PreTrainedTokenizerBase, examples: list[Example], *, with_header: bool = True
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded `input_ids`, `attention_mask`, `labels` (answer tokens only), each [batch, max_len]."""
-    return pad_rows([tokenize(tokenizer, ex, with_header=with_header) for ex in examples], tokenizer.pad_token_id)
-
-
-def pad_rows(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`collate` on (prompt ids, answer ids) rows."""
+def collate(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded `input_ids`, `attention_mask`, `labels` (answer tokens only), each [batch, max_len], from
+    (prompt ids, answer ids) rows (`tokenize`)."""
     max_len = max(len(p) + len(a) for p, a in rows)
     input_ids = torch.full((len(rows), max_len), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(rows), max_len), dtype=torch.long)
@@ -211,7 +205,7 @@ def supervised_warm_start(
             group["lr"] = _lr_at(step, config)
         with_header = step >= config.record_only_steps
         rows = [tokenized(example, with_header=with_header) for example in rng.choices(examples, k=config.batch_size)]
-        loss = _answer_loss(model, pad_rows(rows, tokenizer.pad_token_id))
+        loss = _answer_loss(model, collate(rows, tokenizer.pad_token_id))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
