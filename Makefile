@@ -1,5 +1,6 @@
 # verl_ext: `make demo` runs the embedded GRPO job on CPU; `make test` runs the whole suite; `make bench` runs
-# the benchmarks (shared-prefix forward, n-gram rollout). All set up a virtual environment in $(VENV) on first use.
+# the benchmarks (shared-prefix forward, n-gram rollout); `make defaults` rebuilds the embedded defaults that ship in
+# verl_ext/demo/built. All set up a virtual environment in $(VENV) on first use.
 # vLLM runs in a second environment, $(VLLM_VENV) (torch 2.11 as vLLM 0.24.0 needs; `make install-vllm`):
 # `make test` builds it when missing and runs tests/vllm_engine there; `make demo-vllm` runs demo_cpu_vllm in it.
 
@@ -11,19 +12,13 @@ VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_INSTALLED := $(VLLM_VENV)/.verl_ext-installed
 VLLM_WHY_NOT := $(shell scripts/install_vllm_env.sh --why-not)
-# One floating-point path on every x86 processor with AVX2: torch's kernels, MKL and oneDNN held to their AVX2 code
-# (an AVX-512 machine otherwise rounds another way, and the embedded default's 950-step build and every run on it
-# follow another path: start reward 0.66 instead of 0.52). The demo and the tests compute the same on the AMD EPYCs
-# measured, AVX2-only and AVX-512; an Intel Xeon pinned the same way still builds another policy (start reward 0.59;
-# the hybrid's 0.63 against 0.58, 2026-12-06). The benchmarks run unpinned (they measure this machine's speed).
-FLOAT_PATH := $(if $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo y),\
-	ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2)
-# The tests' processes share a few cores (the build beside the vLLM install, two test workers, a GRPO run beside the
-# vLLM suite): OpenMP threads that wait for work sleep instead of spinning on a core another process needs.
+# The tests' processes share a few cores (two test workers, the GRPO runs beside the vLLM install and the vLLM
+# suite): OpenMP threads that wait for work sleep instead of spinning on a core another process needs.
 # On 2 cores (2026-12-06): a warm-start step beside one busy process 577 -> 340 ms (CPU 738 -> 335 ms a step);
 # the engine and attention tests on two workers 96 -> 72 s. Only how idle threads wait changes, not what they compute.
-# `make demo` leaves the default: its build runs alone, where a sleeping thread is slow to wake for each small
-# operator (the hybrid warm start's step at 60 tokens 311 ms spinning, 471 passive; 10 GRPO steps of the demo the same).
+# `make demo` and `make defaults` leave the default: each runs alone, where a sleeping thread is slow to wake for
+# each small operator (the hybrid warm start's step at 60 tokens 311 ms spinning, 471 passive; 10 GRPO steps of the
+# demo the same).
 SHARED_CORES := OMP_WAIT_POLICY=PASSIVE
 RECIPE ?= demo_cpu
 # The main suite runs in two parts: tests/integration's real GRPO runs in one process (each run is a Ray cluster of
@@ -36,7 +31,7 @@ WORKERS ?= -n $(XDIST_WORKERS) --dist loadscope --no-loadscope-reorder
 ARGS ?=
 VLLM_ARGS ?=
 
-.PHONY: install install-vllm demo demo-vllm test test-vllm bench bench-e2e clean
+.PHONY: install install-vllm demo demo-vllm defaults test test-vllm bench bench-e2e clean
 
 install: $(INSTALLED)
 
@@ -56,7 +51,16 @@ $(VLLM_INSTALLED): setup.py constraints-vllm.txt scripts/install_vllm_env.sh shi
 	touch $@
 
 demo: install
-	$(FLOAT_PATH) $(BIN)/python -m verl_ext.main --config-name $(RECIPE) $(ARGS)
+	$(BIN)/python -m verl_ext.main --config-name $(RECIPE) $(ARGS)
+
+# Rebuild the shipped embedded defaults in place (25 minutes and more on 2 cores), each continued build after its base;
+# commit verl_ext/demo/built afterwards. Needed after a change to the task, tokenizer, model or warm start
+# (verl_ext/demo/build.py's BUILD_VERSION); a run refuses a shipped build its code would not make, naming this.
+# A build's stamp records the float path, the warm start's seed and the versions it was made with.
+SHIPPED_PROFILES := full long
+defaults: install
+	for profile in $(SHIPPED_PROFILES); do \
+		$(BIN)/python -m verl_ext.demo.build --profile $$profile --rebuild $(ARGS) || exit 1; done
 
 demo-vllm:
 ifneq ($(VLLM_WHY_NOT),)
@@ -71,17 +75,16 @@ endif
 # stretches, and so does the vLLM suite: 1.6 and 1.3 of 2 cores busy one after the other, 2026-12-06); its output
 # is printed once the main suite is done. Where the environment did not build, test-vllm builds it again in the
 # foreground and says why. --durations: CI's log names the slowest tests (the whole run must stay under 25 minutes
-# on 2 cores). The embedded default is built first (most of the suite reads it, and each part's processes load it;
-# the vLLM suite waits for it on the build's lock). A part that ARGS leaves empty (pytest's exit 5, no tests
-# selected) is not a failure.
+# on 2 cores). The suite reads the shipped embedded defaults; it builds only the unit tests' tiny profile. A part that
+# ARGS leaves empty (pytest's exit 5, no tests selected) is not a failure.
 VLLM_TESTED := $(VLLM_VENV).tested
-MAIN_PYTHON := $(FLOAT_PATH) $(SHARED_CORES) $(BIN)/python
+MAIN_PYTHON := $(SHARED_CORES) $(BIN)/python
 test: install
 	@rm -f $(VLLM_TESTED) $(VLLM_TESTED).log; \
 	if [ -z "$(VLLM_WHY_NOT)$(VERL_EXT_SKIP_VLLM)" ]; then \
 		{ $(MAKE) --no-print-directory install-vllm > $(VLLM_VENV).log 2>&1 && \
 		  { $(MAKE) --no-print-directory test-vllm > $(VLLM_TESTED).log 2>&1; echo $$? > $(VLLM_TESTED); }; } & fi; \
-	main=0; $(MAIN_PYTHON) -m verl_ext.demo.build --data-dir $${VERL_EXT_DATA_DIR:-data} || main=$$?; \
+	main=0; \
 	$(MAIN_PYTHON) -m pytest -q -m grpo_runs --durations=8 --ignore=tests/vllm_engine $(ARGS) \
 		|| { rc=$$?; [ $$rc = 5 ] || main=$$rc; }; \
 	$(MAIN_PYTHON) -m pytest -q $(WORKERS) -m "not grpo_runs" --durations=8 --ignore=tests/vllm_engine $(ARGS) \

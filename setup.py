@@ -60,7 +60,9 @@ setup(
     packages=find_packages(include=["verl_ext", "verl_ext.*"]) + ["verl_ext.recipes", "verl_ext.recipes.common"],
     # Recipes live at the top of the repository and install as the package Hydra searches.
     package_dir={"verl_ext.recipes": "recipes"},
-    package_data={"verl_ext": ["py.typed"], "verl_ext.recipes": ["*.yaml"], "verl_ext.recipes.common": ["*.yaml"]},
+    # the embedded defaults ship built (verl_ext/demo/built, `make defaults`): their folders, not the build's locks
+    package_data={"verl_ext": ["py.typed"], "verl_ext.demo": ["built/demo-*/*", "built/demo-*/model/*"],
+                  "verl_ext.recipes": ["*.yaml"], "verl_ext.recipes.common": ["*.yaml"]},
     python_requires=">=3.10,<3.13",  # verl 0.9.1's bound
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,

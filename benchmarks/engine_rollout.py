@@ -4,9 +4,9 @@
 
 Both sides run in this process on the embedded default's policy and prompts (--profile long: the long-answer task of
 demo_cpu_long; --profile hybrid: demo_cpu_hybrid's Qwen3.5-shaped policy, whose linear-attention states each
-rejected draft rewinds; hybrid_long: the long-answer task on it; built under $VERL_EXT_DATA_DIR or data/ on first
-use), temperature 1, max_response_length of the matching recipe. Every round sends the same prompts again (n samples
-each), as an epoch of RL does, so ngram_rl's round r drafts from rounds < r. Prints per round: tokens, wall-clock,
+rejected draft rewinds; hybrid_long: the long-answer task on it; the shipped builds, or a build under $VERL_EXT_DATA_DIR
+or data/), temperature 1, max_response_length of the matching recipe. Every round sends the same prompts
+again (n samples each), as an epoch of RL does, so ngram_rl's round r drafts from rounds < r. Prints per round: tokens, wall-clock,
 tokens/s, the engine's phase seconds, accepted tokens per forward; then each side's mean over rounds >= 1 and their
 ratio. The sides alternate round by round. --plans runs one ngram_rl engine per adaptive_plan named (batch: one cap
 a step; row: each row its own length over packed steps) and adds each one's median per-round ratio to no
@@ -17,7 +17,6 @@ import argparse
 import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -32,9 +31,11 @@ MAX_NEW_TOKENS = {"full": 64, "long": 384, "hybrid": 64, "hybrid_long": 384}  # 
 
 
 def load_task(profile: str, num_prompts: int, device: torch.device = torch.device("cpu")):
-    from verl_ext.demo.build import ensure_demo_assets
+    from verl_ext.demo.build import SHIPPED_PROFILES, ensure_demo_assets
 
-    assets = ensure_demo_assets(Path(os.environ.get("VERL_EXT_DATA_DIR", "data")).resolve(), profile=profile)
+    # unset: the shipped build, or one built under data/ for a profile that does not ship
+    data_dir = os.environ.get("VERL_EXT_DATA_DIR") or (None if profile in SHIPPED_PROFILES else "data")
+    assets = ensure_demo_assets(data_dir, profile=profile)
     tokenizer = AutoTokenizer.from_pretrained(assets.tokenizer_path)
     attention = rollout_attention("sdpa", device)  # what the HF rollout runs there
     model = AutoModelForCausalLM.from_pretrained(assets.model_path, dtype=torch.float32,

@@ -63,7 +63,7 @@ def _read_clock(worker) -> list:
     return list(getattr(worker, "verl_ext_bench_clock", [0.0, 0]))
 
 
-def prompts_of(data_dir: Path, count: int) -> tuple[list[list[int]], Path]:
+def prompts_of(data_dir: Path | None, count: int) -> tuple[list[list[int]], Path]:
     from verl_ext.demo.build import ensure_demo_assets
 
     assets = ensure_demo_assets(data_dir)
@@ -135,10 +135,11 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--n", type=int, default=8, help="samples per prompt (GRPO group size)")
     parser.add_argument("--response-length", type=int, default=64)
-    parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("VERL_EXT_DATA_DIR", "data")))
+    parser.add_argument("--data-dir", type=Path, default=os.environ.get("VERL_EXT_DATA_DIR"),
+                        help="a build of your own (default: the shipped embedded default)")
     args = parser.parse_args()
 
-    prompts, model_path = prompts_of(args.data_dir.resolve(), args.prompts)
+    prompts, model_path = prompts_of(args.data_dir, args.prompts)
     epoch = [prompts[i:i + PROMPTS_PER_STEP] for i in range(0, len(prompts), PROMPTS_PER_STEP)]
     steps = epoch * args.epochs
     results = {}

@@ -17,12 +17,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "integration")]
-from verl_ext_testing import demo_data_dir, learning_command  # noqa: E402
+from verl_ext_testing import learning_command  # noqa: E402
 from test_learning import MIN_RISE, rise  # noqa: E402
 
 
 def run(seed: int, steps: int, out: Path) -> subprocess.Popen:
-    command = learning_command(demo_data_dir(), out, steps, f"actor_rollout_ref.rollout.seed={seed}",
+    command = learning_command(out, steps, f"actor_rollout_ref.rollout.seed={seed}",
                                "trainer.save_freq=-1")
     log = (out / "log.txt").open("w")
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)

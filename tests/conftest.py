@@ -1,7 +1,4 @@
-from pathlib import Path
-
 import pytest
-from verl_ext_testing import demo_data_dir as _demo_data_dir
 
 # Under pytest-xdist (--dist loadscope) each worker takes a module at a time, so a module's fixtures (a Ray cluster,
 # a model) start once. The real GRPO runs (a minute and more each, CPU-bound) carry the grpo_runs marker: make test
@@ -11,13 +8,11 @@ GRPO_RUNS = "tests/integration"
 
 
 @pytest.fixture(scope="session")
-def demo_data_dir() -> Path:
-    """The embedded default (model, tokenizer, task data), built on first use (once a machine: the build locks)."""
+def demo_assets():
+    """The embedded default (model, tokenizer, task data) as it ships in the package, checked against its stamp."""
     from verl_ext.demo.build import ensure_demo_assets
 
-    data_dir = _demo_data_dir()
-    ensure_demo_assets(data_dir)
-    return data_dir
+    return ensure_demo_assets()
 
 
 def _unit(nodeid: str) -> str:

@@ -5,6 +5,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from verl_ext import preflight
+from verl_ext.demo.build import SHIPPED_PROFILES
 from verl_ext.demo_resolver import register_demo_resolver
 
 
@@ -13,18 +14,18 @@ CPU_RECIPES = [name for name in preflight.available_recipes() if not name.starts
 
 
 @pytest.mark.parametrize("recipe", CPU_RECIPES)
-def test_recipe_is_valid(recipe, demo_data_dir):
+def test_recipe_is_valid(recipe):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
     register_demo_resolver()
     with initialize_config_module("verl_ext.recipes", version_base=None):
-        config = compose(recipe, overrides=[f"verl_ext.data_dir={demo_data_dir}"])
+        config = compose(recipe)
     preflight.check_before_data(config)
-    if config.verl_ext.demo_profile != "full":
-        # resolved on the full build: another build here would add minutes to CI (tests/demo/test_build.py builds
-        # a profile that continues from another, at test size)
-        config.verl_ext.demo_profile = "full"
+    if config.verl_ext.demo_profile not in SHIPPED_PROFILES:
+        # resolved on the shipped dense build: building the hybrid here would add minutes to CI
+        # (tests/demo/test_build.py builds it at test size)
+        config.verl_ext.demo_profile, config.verl_ext.data_dir = "full", None
     OmegaConf.resolve(config)
     preflight.check(config)
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))

@@ -1,7 +1,6 @@
 """Helpers shared by the test suite (on sys.path through pytest.ini's ``pythonpath``)."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,11 +8,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # ngram_rl drafting from the prompt's own history only (no fallback sources): for tests of the prompt index
 PROMPT_ONLY = dict(draft_from_siblings=False, draft_from_self=False, draft_from_global=False)
-
-
-def demo_data_dir() -> Path:
-    """The cache ``make demo`` uses, so CI and developers build the embedded default once per machine."""
-    return Path(os.environ.get("VERL_EXT_DATA_DIR", REPO / "data")).resolve()
 
 
 def main_command(*overrides: str, recipe: str = "demo_cpu") -> list[str]:
@@ -31,20 +25,20 @@ SPLIT_EVERY_GROUP = tuple(
 )
 
 
-def learning_command(demo_data_dir: Path, out: Path, steps: int, *extra: str) -> list[str]:
+def learning_command(out: Path, steps: int, *extra: str) -> list[str]:
     """The learning run's command: one fixed batch of 8 prompts, full_determinism, a checkpoint every step, every
     group spanning two micro-batches."""
     return main_command(
         f"trainer.total_training_steps={steps}", "data.train_max_samples=8",
         "actor_rollout_ref.rollout.full_determinism=true", f"actor_rollout_ref.actor.entropy_coeff={ENTROPY_COEFF}",
-        f"verl_ext.data_dir={demo_data_dir}", f"verl_ext.report_dir={out / 'report'}",
+        f"verl_ext.report_dir={out / 'report'}",
         "trainer.save_freq=1", f"trainer.default_local_dir={out / 'ckpt'}",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
         "trainer.rollout_data_dir=${trainer.default_local_dir}/rollouts", *SPLIT_EVERY_GROUP, *extra,
     )  # fmt: skip
 
 
-def grouper_on_and_off(demo_data_dir: Path, tmp_path_factory, name: str, *extra: str,
+def grouper_on_and_off(tmp_path_factory, name: str, *extra: str,
                        timeout_s: int = 900) -> tuple[Path, Path]:
     """One learning-command step with actor.use_prefix_grouper on and one with it off, run side by side; their output
     folders (on, off)."""
@@ -52,7 +46,7 @@ def grouper_on_and_off(demo_data_dir: Path, tmp_path_factory, name: str, *extra:
     try:
         for flag in (True, False):
             out = runs[flag] = tmp_path_factory.mktemp(f"{name}_{flag}")
-            command = learning_command(demo_data_dir, out, 1, *extra,
+            command = learning_command(out, 1, *extra,
                                        f"actor_rollout_ref.actor.use_prefix_grouper={str(flag).lower()}")
             with (out / "log.txt").open("w") as log:
                 started[flag] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)

@@ -207,7 +207,9 @@ class ExtensionSettings:
     """verl_ext.*: the embedded default's build and the step report."""
 
     PREFIX: ClassVar[str] = "verl_ext"
-    data_dir: str = _key("data_dir", default="data")  # where the embedded default is built and cached
+    # where the embedded default is read from: null, the builds shipped in the package; a folder, a build of your own
+    # there (built on first use)
+    data_dir: Optional[str] = _key("data_dir", default=None)
     report_dir: Optional[str] = _key("report_dir", default=None)  # per-step metrics (JSONL), summary and plot
     demo_profile: DemoProfile = _key("demo_profile", default="full")  # the build of the embedded default
     # the shared-prefix forward's kernel: auto = flash-attn where installed on CUDA, else FlexAttention; sdpa on CPU

@@ -25,16 +25,16 @@ class LearningRuns:
 
 
 @pytest.fixture(scope="session")
-def learning_runs(demo_data_dir, tmp_path_factory) -> LearningRuns:
+def learning_runs(tmp_path_factory) -> LearningRuns:
     runs = LearningRuns(*(tmp_path_factory.mktemp(name) for name in ("learning", "prefix_grouper_off", "resumed")))
     started: dict[Path, subprocess.Popen] = {}
     deadline = time.monotonic() + TIMEOUT_S
     try:
-        _start(started, runs.on, learning_command(demo_data_dir, runs.on, LEARNING_STEPS))
+        _start(started, runs.on, learning_command(runs.on, LEARNING_STEPS))
         _start(started, runs.prefix_grouper_off, learning_command(
-            demo_data_dir, runs.prefix_grouper_off, 1, "actor_rollout_ref.actor.use_prefix_grouper=false"))
+            runs.prefix_grouper_off, 1, "actor_rollout_ref.actor.use_prefix_grouper=false"))
         _copy_checkpoint_when_written(runs.on, runs.resumed, started[runs.on], deadline)
-        _start(started, runs.resumed, learning_command(demo_data_dir, runs.resumed, RESUME_AFTER + 1))
+        _start(started, runs.resumed, learning_command(runs.resumed, RESUME_AFTER + 1))
         returncodes = {out: process.wait(timeout=max(1.0, deadline - time.monotonic()))
                        for out, process in started.items()}
     finally:

@@ -33,8 +33,8 @@ STEP_LINE = re.compile(r"\s*(\d+)\s+[0-9.]+\s+[0-9.]+\s")  # the step table's ro
 PROMPTS_A_STEP, SAMPLES = 4, 8  # data.train_batch_size, rollout.n
 
 
-def _overrides(demo_data_dir: Path, out: Path, steps: int, *extra: str) -> list[str]:
-    return [f"trainer.total_training_steps={steps}", f"verl_ext.data_dir={demo_data_dir}",
+def _overrides(out: Path, steps: int, *extra: str) -> list[str]:
+    return [f"trainer.total_training_steps={steps}",
             "data.train_max_samples=8", f"data.train_batch_size={PROMPTS_A_STEP}",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS_A_STEP}", f"actor_rollout_ref.rollout.n={SAMPLES}",
             f"verl_ext.report_dir={out / 'report'}", "trainer.save_freq=1",
@@ -108,8 +108,8 @@ def _run_and_kill_rollout_server(command: list[str], after_step: int) -> tuple[i
     return run.returncode, "".join(lines), time.time() - killed_at
 
 
-def test_killed_rollout_server_stops_the_run_and_the_run_resumes(demo_data_dir, tmp_path):
-    command = main_command(*_overrides(demo_data_dir, tmp_path, steps=3))
+def test_killed_rollout_server_stops_the_run_and_the_run_resumes(tmp_path):
+    command = main_command(*_overrides(tmp_path, steps=3))
     returncode, output, stop_s = _run_and_kill_rollout_server(command, after_step=1)
     assert returncode != 0 and stop_s < STOP_WITHIN_S, f"still running {stop_s:.0f}s after the kill"
     # The kill lands in step 2 as a rule; a loaded machine may print step 1's line late enough that step 2 has

@@ -22,13 +22,11 @@ TIMEOUT_S = 900
 REWARD = Path(__file__).with_name("varied_reward.py")
 
 
-def _hybrid_model(demo_data_dir: Path, target: Path) -> Path:
+def _hybrid_model(source: Path, target: Path) -> Path:
     from transformers import AutoTokenizer
 
-    from verl_ext.demo.build import ensure_demo_assets
     from verl_ext.demo.model import ModelShape, build_config, build_model
 
-    source = ensure_demo_assets(demo_data_dir).model_path
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.safetensors", "config.json"))
     shape = ModelShape(hidden_size=64, num_hidden_layers=4, intermediate_size=128, architecture="qwen3_5",
                        attention_head_dim=32)  # wider than hidden/heads, as the hybrid default's
@@ -37,9 +35,9 @@ def _hybrid_model(demo_data_dir: Path, target: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def hybrid_runs(demo_data_dir, tmp_path_factory) -> SimpleNamespace:
-    model = _hybrid_model(demo_data_dir, tmp_path_factory.mktemp("hybrid") / "model")
-    on, off = grouper_on_and_off(demo_data_dir, tmp_path_factory, "hybrid", f"actor_rollout_ref.model.path={model}",
+def hybrid_runs(demo_assets, tmp_path_factory) -> SimpleNamespace:
+    model = _hybrid_model(demo_assets.model_path, tmp_path_factory.mktemp("hybrid") / "model")
+    on, off = grouper_on_and_off(tmp_path_factory, "hybrid", f"actor_rollout_ref.model.path={model}",
                                  f"reward.custom_reward_function.path={REWARD}",
                                  "reward.custom_reward_function.name=compute_score", timeout_s=TIMEOUT_S)
     return SimpleNamespace(on=on, off=off, model=model)

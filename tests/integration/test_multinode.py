@@ -151,7 +151,7 @@ def _training_worker_nodes(cluster: Cluster) -> set[str]:
     return {a["node_id"] for a in _state(cluster, "actors") if any(n in (a.get("class_name") or "") for n in names)}
 
 
-def test_demo_runs_on_both_nodes(two_node_cluster, demo_data_dir, tmp_path):
+def test_demo_runs_on_both_nodes(two_node_cluster, tmp_path):
     cluster = two_node_cluster
     # the submitting user's token file, as on a workstation: RAY_AUTH_TOKEN_PATH
     env = _user_env(tmp_path, RAY_ADDRESS=cluster.dashboard, RAY_AUTH_TOKEN_PATH=str(cluster.token_file),
@@ -161,7 +161,6 @@ def test_demo_runs_on_both_nodes(two_node_cluster, demo_data_dir, tmp_path):
         "data.train_batch_size=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.rollout.n=2",
-        f"verl_ext.data_dir={demo_data_dir}",
         f"verl_ext.report_dir={tmp_path / 'report'}",
     ]
     started = time.time()

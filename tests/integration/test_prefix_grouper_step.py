@@ -29,7 +29,7 @@ def _step_1(out: Path) -> tuple[dict, dict]:
     return step_metrics(out)[1], weights
 
 
-def test_one_grpo_step_equal_with_and_without_prefix_grouper(learning_runs, demo_data_dir):
+def test_one_grpo_step_equal_with_and_without_prefix_grouper(learning_runs, demo_assets):
     (off, w_off), (on, w_on) = _step_1(learning_runs.prefix_grouper_off), _step_1(learning_runs.on)
     assert on["response_length/mean"] == off["response_length/mean"]  # the same rollouts
     # the same responses per group, in the same order (which rollout draws which seed follows arrival order, and
@@ -40,12 +40,6 @@ def test_one_grpo_step_equal_with_and_without_prefix_grouper(learning_runs, demo
         assert on[key] == pytest.approx(off[key], rel=1e-5, abs=1e-7), key
     assert on["actor/prefix_grouper/token_ratio"] < 0.5 and "actor/prefix_grouper/token_ratio" not in off
     assert on["actor/prefix_grouper/shared_groups"] == 8  # every group's prompt read by two micro-batches
-    assert_same_update(w_on, w_off, start=_warm_start_weights(demo_data_dir))
+    assert_same_update(w_on, w_off, start=load_file(demo_assets.model_path / "model.safetensors"))
     assert all(w_on[k].dtype == torch.float32 for k in w_on)
 
-
-
-def _warm_start_weights(demo_data_dir: Path) -> dict:
-    from verl_ext.demo.build import ensure_demo_assets
-
-    return load_file(ensure_demo_assets(demo_data_dir).model_path / "model.safetensors")

@@ -21,10 +21,8 @@ WINDOW = 256
 TIMEOUT_S = 900
 
 
-def _sliding_window_model(demo_data_dir: Path, target: Path) -> Path:
-    from verl_ext.demo.build import ensure_demo_assets
-
-    shutil.copytree(ensure_demo_assets(demo_data_dir).model_path, target)
+def _sliding_window_model(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target)
     config = json.loads((target / "config.json").read_text())
     layers = config["num_hidden_layers"]
     config |= {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 0,
@@ -34,9 +32,9 @@ def _sliding_window_model(demo_data_dir: Path, target: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sliding_window_runs(demo_data_dir, tmp_path_factory) -> SimpleNamespace:
-    model = _sliding_window_model(demo_data_dir, tmp_path_factory.mktemp("sliding") / "model")
-    on, off = grouper_on_and_off(demo_data_dir, tmp_path_factory, "sliding", f"actor_rollout_ref.model.path={model}",
+def sliding_window_runs(demo_assets, tmp_path_factory) -> SimpleNamespace:
+    model = _sliding_window_model(demo_assets.model_path, tmp_path_factory.mktemp("sliding") / "model")
+    on, off = grouper_on_and_off(tmp_path_factory, "sliding", f"actor_rollout_ref.model.path={model}",
                                  timeout_s=TIMEOUT_S)
     return SimpleNamespace(on=on, off=off, model=model)
 

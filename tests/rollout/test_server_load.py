@@ -17,7 +17,6 @@ import pytest
 from engine_testing import actor_rollout_ref_config
 from verl.utils.config import omega_conf_to_dataclass
 
-from verl_ext.demo.build import ensure_demo_assets
 from verl_ext.rollout.hf_server import HFRolloutServer
 
 PROMPTS, SAMPLES = 125, 8
@@ -31,14 +30,9 @@ CALL_TIMEOUT_S = 600.0
 
 
 @pytest.fixture(scope="module")
-def demo(demo_data_dir):
-    return ensure_demo_assets(demo_data_dir)
-
-
-@pytest.fixture(scope="module")
-def server(demo):
+def server(demo_assets):
     arr = actor_rollout_ref_config(
-        demo.model_path, f"actor_rollout_ref.rollout.max_num_seqs={MAX_NUM_SEQS}",
+        demo_assets.model_path, f"actor_rollout_ref.rollout.max_num_seqs={MAX_NUM_SEQS}",
         f"actor_rollout_ref.rollout.max_num_batched_tokens={MAX_NUM_BATCHED_TOKENS}",
     )
     return HFRolloutServer(omega_conf_to_dataclass(arr.rollout), arr.model)
@@ -78,8 +72,8 @@ async def drive(server: HFRolloutServer, prompts: list[list[int]], response_leng
     return calls, outputs
 
 
-def test_a_thousand_concurrent_requests_complete_in_bounded_memory(server, demo):
-    prompts = demo.prompt_ids(PROMPTS)
+def test_a_thousand_concurrent_requests_complete_in_bounded_memory(server, demo_assets):
+    prompts = demo_assets.prompt_ids(PROMPTS)
     assert len({tuple(p) for p in prompts}) == PROMPTS
     response_length = server.settings.response_length
     with Watch(server) as watch:

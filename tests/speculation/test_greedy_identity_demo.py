@@ -18,10 +18,8 @@ logger = logging.getLogger(__name__)
 
 
 @pytest.fixture(scope="module")
-def demo_setup(demo_data_dir):
-    from verl_ext.demo.build import ensure_demo_assets
-
-    assets = ensure_demo_assets(demo_data_dir)
+def demo_setup(demo_assets):
+    assets = demo_assets
     tokenizer = AutoTokenizer.from_pretrained(assets.model_path)
     # fp64: batched forwards of different shapes round differently; in fp32 a near-tie argmax could flip
     model = AutoModelForCausalLM.from_pretrained(assets.model_path, dtype=torch.float64, attn_implementation="sdpa")

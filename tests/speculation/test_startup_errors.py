@@ -25,28 +25,28 @@ CASES = [
 ]
 
 
-def _config(overrides, data_dir):
+def _config(overrides):
     register_demo_resolver()
     with initialize_config_module("verl_ext.recipes", version_base=None):
-        config = compose("demo_cpu", overrides=[f"verl_ext.data_dir={data_dir}", *overrides])
+        config = compose("demo_cpu", overrides=overrides)
     OmegaConf.resolve(config)
     return config
 
 
 @pytest.mark.parametrize("overrides,words", CASES, ids=[c[1] + str(i) for i, c in enumerate(CASES)])
-def test_bad_speculation_setting_is_refused(overrides, words, demo_data_dir):
+def test_bad_speculation_setting_is_refused(overrides, words):
     with pytest.raises(preflight.ConfigError) as error:
-        preflight.check(_config(overrides, demo_data_dir))
+        preflight.check(_config(overrides))
     message = str(error.value)
     assert words in message and "\n" not in message
 
 
-def test_recipe_defaults_pass(demo_data_dir):
-    preflight.check(_config([], demo_data_dir))  # control: the same check accepts the recipe as shipped
+def test_recipe_defaults_pass():
+    preflight.check(_config([]))  # control: the same check accepts the recipe as shipped
 
 
-def test_command_line_reports_one_line(demo_data_dir):
-    command = main_command(f"{SPEC}.num_draft_tokens=0", f"verl_ext.data_dir={demo_data_dir}")
+def test_command_line_reports_one_line():
+    command = main_command(f"{SPEC}.num_draft_tokens=0")
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("verl_ext: actor_rollout_ref.rollout.custom.speculation")

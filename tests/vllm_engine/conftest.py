@@ -19,13 +19,6 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 @pytest.fixture(scope="session")
-def demo_assets(demo_data_dir):
-    from verl_ext.demo.build import ensure_demo_assets
-
-    return ensure_demo_assets(demo_data_dir)
-
-
-@pytest.fixture(scope="session")
 def demo_prompts(demo_assets) -> list[list[int]]:
     """NUM_PROMPTS prompts of the task (the training prompts first), tokenized as verl's dataset does."""
     return demo_assets.prompt_ids(NUM_PROMPTS)

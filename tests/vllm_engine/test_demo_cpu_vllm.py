@@ -15,11 +15,10 @@ PROMPTS = 8  # data.train_max_samples = data.train_batch_size: step 2 revisits e
 SAMPLES = PROMPTS * 8  # data.train_batch_size x rollout.n of the recipe
 
 
-def test_grpo_steps_on_vllm_with_ngram_rl(demo_data_dir, tmp_path):
+def test_grpo_steps_on_vllm_with_ngram_rl(tmp_path):
     report_dir = tmp_path / "report"
     checkpoints = tmp_path / "checkpoints"
     command = main_command(f"trainer.total_training_steps={STEPS}", f"data.train_max_samples={PROMPTS}",
-                           f"verl_ext.data_dir={demo_data_dir}",
                            f"verl_ext.report_dir={report_dir}", f"trainer.save_freq={STEPS}",
                            f"trainer.default_local_dir={checkpoints}", recipe="demo_cpu_vllm")
     result = subprocess.run(command, capture_output=True, text=True, timeout=1200, cwd=REPO)

@@ -33,14 +33,14 @@ LOGPROB_ATOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def config(demo_data_dir):
+def config():
     from verl_ext.demo_resolver import register_demo_resolver
 
     register_demo_resolver()
     GlobalHydra.instance().clear()
     with initialize_config_module("verl_ext.recipes", version_base=None):
         config = compose("demo_cpu", overrides=[
-            f"verl_ext.data_dir={demo_data_dir}", f"actor_rollout_ref.rollout.n={SAMPLES}",
+            f"actor_rollout_ref.rollout.n={SAMPLES}",
             "actor_rollout_ref.rollout.custom.speculation.method=none",
             "actor_rollout_ref.rollout.load_format=auto",  # the warm start's weights: answers that score
         ])

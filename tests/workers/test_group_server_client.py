@@ -45,14 +45,13 @@ class CountingBalancer(GlobalRequestLoadBalancer):
 
 
 @pytest.fixture(scope="module")
-def config(demo_data_dir):
+def config():
     from verl_ext.demo_resolver import register_demo_resolver
 
     register_demo_resolver()
     GlobalHydra.instance().clear()
     with initialize_config_module("verl_ext.recipes", version_base=None):
-        config = compose("demo_cpu", overrides=[f"verl_ext.data_dir={demo_data_dir}",
-                                                "actor_rollout_ref.rollout.custom.speculation.method=none",
+        config = compose("demo_cpu", overrides=["actor_rollout_ref.rollout.custom.speculation.method=none",
                                                 "actor_rollout_ref.rollout.load_format=auto"])
     OmegaConf.resolve(config)
     return config

@@ -1,20 +1,28 @@
-"""Build the embedded demo once (tokenizer, policy, warm start, parquet) and cache it.
+"""The embedded demo's builds (tokenizer, policy, warm start, parquet): shipped built, or built in a folder of yours.
 
-    python -m verl_ext.demo.build --data-dir data/demo [--rebuild] [--profile full|test]
+    python -m verl_ext.demo.build [--profile full|long|hybrid|hybrid_long] [--rebuild]   # the shipped builds
+    python -m verl_ext.demo.build --data-dir DIR [--profile ...] [--rebuild]              # a build of your own
 
-Layout under `data_dir` (one folder per build version and profile):
+The shipped builds (SHIPPED_PROFILES) live in the package, under verl_ext/demo/built/, so every machine starts from
+the same policy and nothing is built before a run; `make defaults` rebuilds all of them (after a change to the task,
+the tokenizer, the model or the warm start). A run reads them unless `verl_ext.data_dir` names a folder, where the
+profile is then built on first use and reused.
+
+Layout under the root (one folder per build version and profile):
 
     demo-v{BUILD_VERSION}-{profile}/
-        model/           Qwen2 policy + tokenizer (save_pretrained; also the tokenizer path)
+        model/           the policy + tokenizer (save_pretrained; also the tokenizer path)
         train.parquet    RL prompts in verl's RLHFDataset format
         val.parquet
         build.json       what was built and measured (start reward, token lengths, times)
-        COMPLETE         the stamp (version, profile, settings hash), written last
+        COMPLETE         the stamp (stamp.py: what is current, what made it, every file's sha256), written last
 
 A build goes into a temporary sibling folder that is renamed into place when complete,
 so an interrupted build never leaves a folder that looks finished. A cache whose stamp
 differs (built by other code or settings) is rebuilt; a damaged one (no or unreadable
-stamp, missing files) raises `DemoAssetsError` naming the cause and the fix (--rebuild).
+stamp, missing files, a file whose hash is not its stamp's) raises `DemoAssetsError`
+naming the cause and the fix. A shipped build is never rebuilt unasked: one that is
+stale or damaged is refused with the rebuild command.
 """
 
 from __future__ import annotations
@@ -41,6 +49,8 @@ from transformers import PreTrainedTokenizerFast
 
 from verl_ext.demo import reward, task
 from verl_ext.demo.model import ModelShape, build_config, build_model
+from verl_ext.demo.stamp import (MARKER_NAME, StampError, changed_files, is_current, read_stamp, stamp_sha256,
+                                 write_stamp)
 from verl_ext.demo.tokenizer import save_tokenizer, train_tokenizer
 from verl_ext.demo.warmstart import (FormationCheck, SFTConfig, WarmStartStalled, answer_ids, mean_sampled_reward,
                                     prompt_ids, supervised_warm_start)
@@ -48,8 +58,7 @@ from verl_ext.settings import DemoProfile as ProfileName
 
 logger = logging.getLogger(__name__)
 
-BUILD_VERSION = 1  # bump when a change to the task, tokenizer, model or warm start changes what is built
-MARKER_NAME = "COMPLETE"
+BUILD_VERSION = 2  # bump when a change to the task, tokenizer, model or warm start changes what is built
 REPORT_NAME = "build.json"
 REQUIRED_FILES = (
     "model/config.json",
@@ -59,6 +68,14 @@ REQUIRED_FILES = (
     "val.parquet",
     REPORT_NAME,
 )
+
+# The builds that ship in the package, built: demo_cpu's and demo_cpu_long's. The hybrid ones are built on first use
+# under a data_dir (demo_cpu_hybrid names one) until a build in their band is found: on an AMD EPYC with AVX2, 8 seeds
+# of the hybrid warm start either formed late (refused at step 400) or ended at 0.89-0.91, above the band (session 44,
+# docs/design-notes.md). `test` is the unit tests' own, built in seconds.
+SHIPPED_ROOT = Path(__file__).resolve().parent / "built"
+SHIPPED_PROFILES = ("full", "long")
+REBUILD_SHIPPED = "make defaults"  # every shipped build, in order (a continued build after its base)
 
 EXTRA_SEED = 1234  # new task examples for DemoAssets.prompt_ids beyond the built prompts
 
@@ -206,23 +223,49 @@ class DemoAssets:
 
 
 def ensure_demo_assets(
-    data_dir: str | Path, *, rebuild: bool = False, profile: ProfileName = "full"
+    data_dir: str | Path | None = None, *, rebuild: bool = False, profile: ProfileName = "full", first_seed: int = 0
 ) -> DemoAssets:
-    """The demo assets under `data_dir`, built first if absent, stale (built by other
-    code or settings) or if `rebuild`. A damaged cache raises `DemoAssetsError`."""
+    """The demo assets of `profile`: the shipped build where `data_dir` is None (rebuilt in place only if
+    `rebuild`), else the build under `data_dir`, built first if absent, stale (built by other code or settings) or
+    if `rebuild`. A damaged build, or a stale or missing shipped one, raises `DemoAssetsError`. A build tries the
+    warm start's seeds from `first_seed` past the profile's (the stamp records the one kept)."""
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES)}")
+    if data_dir is None:
+        return _shipped(profile, rebuild, first_seed)
     root = Path(data_dir).expanduser().resolve()
-    final = root / f"demo-v{BUILD_VERSION}-{profile}"
-    if not rebuild and final.exists() and _read_stamp(final) == _stamp(profile):
-        return _load_built(final)
+    final = _folder(root, profile)
+    if not rebuild and final.exists() and _is_current(root, profile, _fix(final)):
+        return _load_built(final, _fix(final))
     with _build_lock(root, final):
         # another process may have built it while this one waited for the lock: one build, not one each
-        if rebuild or not final.exists() or _read_stamp(final) != _stamp(profile):
+        if rebuild or not final.exists() or not _is_current(root, profile, _fix(final)):
             if final.exists() and not rebuild:
                 logger.warning("demo cache %s was built by other code or settings; rebuilding", final)
-            _build_atomically(root, final, profile)
-    return _load_built(final)
+            _build_atomically(root, final, profile, first_seed)
+    return _load_built(final, _fix(final))
+
+
+def _shipped(profile: ProfileName, rebuild: bool, first_seed: int) -> DemoAssets:
+    final = _folder(SHIPPED_ROOT, profile)
+    fix = _shipped_fix(profile)
+    if profile not in SHIPPED_PROFILES:
+        raise DemoAssetsError(f"the {profile} build does not ship with verl_ext (shipped: "
+                              f"{', '.join(SHIPPED_PROFILES)}); set verl_ext.data_dir (or --data-dir) to a folder to "
+                              "build it there")
+    if rebuild:
+        with _build_lock(SHIPPED_ROOT, final):
+            _build_atomically(SHIPPED_ROOT, final, profile, first_seed)
+    elif not final.exists():
+        raise DemoAssetsError(f"the shipped {profile} build is missing ({final}); {fix}")
+    elif not _is_current(SHIPPED_ROOT, profile, fix):
+        raise DemoAssetsError(f"the shipped {profile} build at {final} was made by other code or settings "
+                              f"(its {MARKER_NAME} is not this code's stamp); {fix}")
+    return _load_built(final, fix)
+
+
+def _folder(root: Path, profile: ProfileName) -> Path:
+    return root / f"demo-v{BUILD_VERSION}-{profile}"
 
 
 def _unwritable(root: Path, error: OSError) -> DemoAssetsError:
@@ -247,47 +290,59 @@ def _build_lock(root: Path, final: Path) -> Iterator[None]:
         yield
 
 
-def _stamp(profile: ProfileName) -> dict[str, Any]:
-    settings: Any = asdict(PROFILES[profile])
+def current_stamp(root: Path, profile: ProfileName) -> dict[str, Any]:
+    """What a current build of `profile` under `root` is stamped with (stamp.CURRENT_KEYS)."""
     base = PROFILES[profile].init_from
-    if base:  # a build that starts from another one is stale when that one is
-        settings = [settings, _stamp(base)]
-    settings = json.dumps(settings, sort_keys=True, default=str)
     return {
         "version": BUILD_VERSION,
         "profile": profile,
-        "settings_sha256": hashlib.sha256(settings.encode()).hexdigest(),
+        "settings_sha256": _settings_sha256(profile),
+        # a build that starts from another one is stale when that one was rebuilt
+        "base_stamp_sha256": stamp_sha256(_folder(root, base)) if base else None,
     }
+
+
+def _settings_sha256(profile: ProfileName) -> str:
+    settings: Any = asdict(PROFILES[profile])
+    base = PROFILES[profile].init_from
+    if base:  # a build that starts from another one is stale when that one's settings change
+        settings = [settings, _settings_sha256(base)]
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _is_current(root: Path, profile: ProfileName, fix: str) -> bool:
+    return is_current(_read_stamp(_folder(root, profile), fix), current_stamp(root, profile))
 
 
 def _fix(folder: Path) -> str:
     return f"rerun with --rebuild (or ensure_demo_assets(..., rebuild=True)), or delete {folder}"
 
 
-def _read_stamp(folder: Path) -> dict[str, Any]:
+def _shipped_fix(profile: ProfileName) -> str:
+    return (f"restore the shipped files (git checkout -- verl_ext/demo/built) or rebuild them: {REBUILD_SHIPPED} "
+            f"(this one alone: python -m verl_ext.demo.build --profile {profile} --rebuild)")
+
+
+def _read_stamp(folder: Path, fix: str) -> dict[str, Any]:
     try:
-        stamp = json.loads((folder / MARKER_NAME).read_text())
+        return read_stamp(folder)
     except FileNotFoundError:
-        raise DemoAssetsError(f"demo cache {folder} is incomplete (no {MARKER_NAME} marker); {_fix(folder)}") from None
-    except (OSError, ValueError) as error:
-        raise DemoAssetsError(
-            f"demo cache {folder} has an unreadable {MARKER_NAME} marker ({error}); {_fix(folder)}"
-        ) from None
-    if not isinstance(stamp, dict):
-        raise DemoAssetsError(f"demo cache {folder} has an unreadable {MARKER_NAME} marker; {_fix(folder)}")
-    return stamp
+        raise DemoAssetsError(f"demo cache {folder} is incomplete (no {MARKER_NAME} marker); {fix}") from None
+    except (OSError, StampError) as error:
+        raise DemoAssetsError(f"demo cache {folder} has an unreadable {MARKER_NAME} marker ({error}); {fix}") from None
 
 
-def _load_built(folder: Path) -> DemoAssets:
+def _load_built(folder: Path, fix: str) -> DemoAssets:
     missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
     if missing:
-        raise DemoAssetsError(f"demo cache {folder} is corrupt (missing {', '.join(missing)}); {_fix(folder)}")
+        raise DemoAssetsError(f"demo cache {folder} is corrupt (missing {', '.join(missing)}); {fix}")
+    changed = changed_files(folder, _read_stamp(folder, fix))
+    if changed:
+        raise DemoAssetsError(f"demo cache {folder} does not match its stamp: {'; '.join(changed)}; {fix}")
     try:
         report = json.loads((folder / REPORT_NAME).read_text())
     except (OSError, ValueError) as error:
-        raise DemoAssetsError(
-            f"demo cache {folder} has an unreadable {REPORT_NAME} ({error}); {_fix(folder)}"
-        ) from None
+        raise DemoAssetsError(f"demo cache {folder} has an unreadable {REPORT_NAME} ({error}); {fix}") from None
     return DemoAssets(
         model_path=folder / "model",
         tokenizer_path=folder / "model",
@@ -299,12 +354,13 @@ def _load_built(folder: Path) -> DemoAssets:
     )
 
 
-def _build_atomically(root: Path, final: Path, profile: ProfileName) -> None:
+def _build_atomically(root: Path, final: Path, profile: ProfileName, first_seed: int = 0) -> None:
     """Build into a temporary sibling, then swap it in; the old build stays valid until then."""
     scratch = _make_scratch_dir(root, final.name)
     try:
-        _build_into(scratch, profile)
-        (scratch / MARKER_NAME).write_text(json.dumps(_stamp(profile)))
+        report = _build_into(scratch, profile, first_seed)
+        write_stamp(scratch, current_stamp(root, profile), warm_start_seed=report["warm_start_seed"],
+                    start_reward=report["start_reward"])
         _swap_into_place(scratch, final)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -358,25 +414,26 @@ def make_tokenizer(profile: BuildProfile, splits: TaskSplits) -> PreTrainedToken
     return train_tokenizer(task.tokenizer_corpus(splits.all), profile.vocab_size)
 
 
-def _build_into(folder: Path, profile_name: ProfileName) -> None:
+def _build_into(folder: Path, profile_name: ProfileName, first_seed: int = 0) -> dict[str, Any]:
+    """Build the profile into `folder`; returns what build.json records."""
     profile = PROFILES[profile_name]
     start = time.monotonic()
     splits = make_splits(profile)
     train, val = splits.train, splits.val
     refusals: list[str] = []
-    for attempt in range(WARM_START_ATTEMPTS):
+    for attempt in range(first_seed, first_seed + WARM_START_ATTEMPTS):
         try:
             run = _warm_start(folder.parent, profile_name, splits, seed_offset=attempt)
             break
         except (WarmStartStalled, _OutsideBand) as refused:
             refusals.append(f"seed {profile.seed + attempt}: {refused}")
-            if attempt + 1 < WARM_START_ATTEMPTS:
+            if attempt + 1 < first_seed + WARM_START_ATTEMPTS:
                 logger.warning("the %s warm start from seed %d was refused (%s); starting again from seed %d",
                                profile_name, profile.seed + attempt, refused, profile.seed + attempt + 1)
     else:
         raise DemoAssetsError(
             f"the {profile_name} build's warm start was refused from each of {WARM_START_ATTEMPTS} seeds "
-            f"({'; '.join(refusals)}); nothing was kept. {_BUILD_FIX}")
+            f"({'; '.join(refusals)}); nothing was kept. {_build_fix(first_seed + WARM_START_ATTEMPTS)}")
 
     tokenizer, model = run.tokenizer, run.model
     model_dir = folder / "model"
@@ -385,7 +442,8 @@ def _build_into(folder: Path, profile_name: ProfileName) -> None:
     _write_parquet(folder / "train.parquet", train, "train")
     _write_parquet(folder / "val.parquet", val, "val")
     report = {
-        **_stamp(profile_name),
+        "version": BUILD_VERSION,
+        "profile": profile_name,
         "vocab_size": len(tokenizer),
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_prompts": len(train),
@@ -397,12 +455,13 @@ def _build_into(folder: Path, profile_name: ProfileName) -> None:
         "start_reward_samples": profile.eval_samples,
         "sft_final_loss": statistics.fmean(run.losses[-10:]),
         "sft_seconds": round(run.seconds, 1),
-        "warm_start_seed": profile.seed + len(refusals),
+        "warm_start_seed": profile.seed + first_seed + len(refusals),
         "refused_warm_starts": refusals,
         "build_seconds": round(time.monotonic() - start, 1),
         "torch_threads": torch.get_num_threads(),
     }
     (folder / REPORT_NAME).write_text(json.dumps(report, indent=2))
+    return report
 
 
 @dataclass
@@ -430,23 +489,31 @@ def _warm_start(root: Path, profile_name: ProfileName, splits: TaskSplits, seed_
     losses = supervised_warm_start(model, tokenizer, splits.sft_pool, sft, FORMATION_CHECKS.get(profile_name))
     seconds = time.monotonic() - sft_start
 
-    eval_prompts = (splits.train * (profile.eval_samples // len(splits.train) + 1))[: profile.eval_samples]
-    start_reward, sampled_lengths = mean_sampled_reward(model, tokenizer, eval_prompts, seed=profile.seed,
-                                                        max_new_tokens=profile.max_answer_tokens)
-    logger.info("start reward at temperature 1: %.3f over %d samples", start_reward, len(eval_prompts))
+    start_reward, sampled_lengths = measure_start_reward(model, tokenizer, profile, splits)
+    logger.info("start reward at temperature 1: %.3f over %d samples", start_reward, profile.eval_samples)
     outside = outside_band(profile_name, start_reward)
     if outside:
         raise _OutsideBand(outside)
     return _WarmStarted(tokenizer, model, losses, seconds, start_reward, sampled_lengths)
 
 
+def measure_start_reward(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, profile: BuildProfile,
+                         splits: TaskSplits) -> tuple[float, list[int]]:
+    """The policy's mean reward over the profile's eval_samples answers sampled at temperature 1 from its training
+    prompts (seeded: the same on the same float path), and the answers' token lengths."""
+    eval_prompts = (splits.train * (profile.eval_samples // len(splits.train) + 1))[: profile.eval_samples]
+    return mean_sampled_reward(model, tokenizer, eval_prompts, seed=profile.seed,
+                               max_new_tokens=profile.max_answer_tokens)
+
+
 class _OutsideBand(Exception):
     """A warm start whose start reward is outside its profile's band; the message says by how much."""
 
 
-_BUILD_FIX = ("Check that the environment is make install's (torch==2.13.0, constraints.txt), build through make demo "
-              "(it pins the float path: docs/running.md) and rebuild (--rebuild); if it persists, report it with this "
-              "line, the torch version and lscpu's model name and flags.")
+def _build_fix(next_seed: int) -> str:
+    return ("Check that the environment is make install's (torch==2.13.0, constraints.txt), then try the seeds after "
+            f"these (--first-seed {next_seed}: each processor's float path draws warm starts of its own); if none "
+            "takes, report it with this line, the torch version and lscpu's model name and flags.")
 
 
 def outside_band(profile: ProfileName, start_reward: float) -> str | None:
@@ -461,7 +528,7 @@ def _load_base(root: Path, profile: ProfileName):
     """The tokenizer and policy of another profile's build (built first if needed), to continue from."""
     from transformers import AutoModelForCausalLM
 
-    base = ensure_demo_assets(root, profile=profile)
+    base = ensure_demo_assets(None if root == SHIPPED_ROOT else root, profile=profile)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(base.tokenizer_path)
     return tokenizer, AutoModelForCausalLM.from_pretrained(base.model_path, dtype=torch.float32)
 
@@ -486,13 +553,18 @@ def _write_parquet(path: Path, examples: list[task.Example], split: str) -> None
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m verl_ext.demo.build", description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", required=True, type=Path, help="folder that holds the cached build")
-    parser.add_argument("--rebuild", action="store_true", help="build again even if a build is cached")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="a folder for a build of your own (default: the shipped builds, verl_ext/demo/built)")
+    parser.add_argument("--rebuild", action="store_true", help="build again even if a current build is there")
     parser.add_argument("--profile", choices=sorted(PROFILES), default="full")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="the warm start's first seed past the profile's; a build tries it and the next ones (the "
+                             "stamp's warm_start_seed: the one kept; a rebuild from it repeats it on that processor)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
-        assets = ensure_demo_assets(args.data_dir, rebuild=args.rebuild, profile=args.profile)
+        assets = ensure_demo_assets(args.data_dir, rebuild=args.rebuild, profile=args.profile,
+                                    first_seed=args.first_seed)
     except DemoAssetsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
