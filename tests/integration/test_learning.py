@@ -7,13 +7,12 @@ is the reference of the resume test: resumed from its step-2 checkpoint, step 3 
 reaches the same weights.
 
 The statistic is the rise of the least-squares line through the 12 per-step rewards (every step counts, where a
-difference of the first and last four steps' means threw a third away). Under `make test` the float path is pinned
-(the Makefile's FLOAT_PATH: AVX2 kernels), so the embedded default's build and this run are the same on every x86
-machine with AVX2: the outcome does not depend on the processor (unpinned, an AVX-512 machine built another policy,
-start reward 0.66 against 0.52). How far the statistic sits above its bar over sample paths, should any machine
-still round another way: scripts/learning_margin.py, 8 rollout seeds on the pinned build (EPYC AVX-512, 2026-12-05):
-fitted rise 0.107 on average, sd 0.025, smallest 0.079; the bar, 0.03, is 3.1 sd below the mean, so one run falls
-under it by chance about 1e-3 of the time (normal estimate); on the unpinned AVX-512 build 0.134, sd 0.029.
+difference of the first and last four steps' means threw a third away). The run starts from the shipped weights
+(verl_ext/demo/built), the same on every processor; what a processor's rounding still changes is the sample path, so
+how far the statistic sits above its bar is measured over paths: scripts/learning_margin.py, 8 rollout seeds.
+Earlier, on the same weights (then each AMD EPYC's own build, pinned to the AVX2 path; EPYC AVX-512,
+2026-12-05): fitted rise 0.107 on average, sd 0.025, smallest 0.079; the bar, 0.03, 3.1 sd below the mean, so one
+run falls under it by chance about 1e-3 of the time (normal estimate).
 With the GRPO groups broken (every sample of a prompt the same response, as full_determinism once gave)
 the reward fell instead (0.50 -> 0.24).
 """
