@@ -10,7 +10,8 @@ The statistic is the rise of the least-squares line through the 12 per-step rewa
 difference of the first and last four steps' means threw a third away). The run starts from the shipped weights
 (verl_ext/demo/built), the same on every processor; what a processor's rounding still changes is the sample path, so
 how far the statistic sits above its bar is measured over paths: scripts/learning_margin.py, 8 rollout seeds.
-Earlier, on the same weights (then each AMD EPYC's own build, pinned to the AVX2 path; EPYC AVX-512,
+From the shipped weights, unpinned (an AMD EPYC with AVX2, 2026-12-07; the first 2 of the 8 seeds, the rest cut by
+time): +0.134 and +0.086. Earlier, on the same weights (then each AMD EPYC's own build, pinned to the AVX2 path; EPYC AVX-512,
 2026-12-05): fitted rise 0.107 on average, sd 0.025, smallest 0.079; the bar, 0.03, 3.1 sd below the mean, so one
 run falls under it by chance about 1e-3 of the time (normal estimate).
 With the GRPO groups broken (every sample of a prompt the same response, as full_determinism once gave)
