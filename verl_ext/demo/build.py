@@ -1,6 +1,6 @@
 """The embedded demo's builds (tokenizer, policy, warm start, parquet): shipped built, or built in a folder of yours.
 
-    python -m verl_ext.demo.build [--profile full|long|hybrid|hybrid_long] [--rebuild]   # the shipped builds
+    python -m verl_ext.demo.build [--profile full|long] [--rebuild] [--first-seed N]   # the shipped builds
     python -m verl_ext.demo.build --data-dir DIR [--profile ...] [--rebuild]              # a build of your own
 
 The shipped builds (SHIPPED_PROFILES) live in the package, under verl_ext/demo/built/, so every machine starts from
