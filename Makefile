@@ -35,11 +35,18 @@ VLLM_ARGS ?=
 
 install: $(INSTALLED)
 
+# verl 0.9.1 runs on Python 3.10-3.12; PyPI's Linux torch is the CUDA build (GBs), so the CPU wheel comes from a wheel
+# folder pip already knows (find-links), else from PyTorch's CPU index, before anything can pull the other one.
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 $(INSTALLED): setup.py constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(not (3, 10) <= sys.version_info[:2] <= (3, 12))' || { echo "verl_ext needs \
+	Python 3.10-3.12 (verl 0.9.1's bound), and $(PYTHON) is $$($(PYTHON) --version 2>&1); run make with \
+	PYTHON=python3.11 (or 3.10, 3.12)."; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# The CPU torch wheel first: verl's resolution must not pull a CUDA build.
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet --no-index --no-deps torch==2.13.0 2>/dev/null || \
+		$(BIN)/pip install --quiet --no-deps --index-url $(TORCH_CPU_INDEX) torch==2.13.0
+	$(BIN)/pip install --quiet torch==2.13.0  # its dependencies
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,bench]'
 	touch $@
 

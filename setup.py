@@ -62,6 +62,7 @@ setup(
     package_dir={"verl_ext.recipes": "recipes"},
     # the embedded defaults ship built (verl_ext/demo/built, `make defaults`): their folders, not the build's locks
     package_data={"verl_ext": ["py.typed"], "verl_ext.demo": ["built/demo-*/*", "built/demo-*/model/*"],
+                  "verl_ext.hydra_env": ["hydra/env/*.yaml"],
                   "verl_ext.recipes": ["*.yaml"], "verl_ext.recipes.common": ["*.yaml"]},
     python_requires=">=3.10,<3.13",  # verl 0.9.1's bound
     install_requires=INSTALL_REQUIRES,

@@ -99,7 +99,7 @@ def test_cluster_recipe_settings(recipe_config):
     assert (arr.rollout.name, arr.rollout.tensor_model_parallel_size, arr.rollout.n) == ("vllm", 2, 8)
     assert arr.actor.use_prefix_grouper and arr.model.use_remove_padding
     assert not arr.rollout.disable_log_stats  # rollout/spec/* need vLLM's stat loggers
-    assert config.trainer.device == "cuda" and config.trainer.v1.trainer_mode == "verl_ext"
+    assert config.trainer.device == "cuda" and config.trainer.v1.trainer_mode == "sync"
     assert config.algorithm.adv_estimator == "grpo"
     assert config.data.train_files == os.path.expanduser("~/data/gsm8k/train.parquet")  # verl's gsm8k.py output
     assert vllm_speculative_config(read_rollout_settings(arr.rollout).speculation) == {

@@ -67,3 +67,12 @@ def test_a_value_that_does_not_resolve_is_one_line():
     with pytest.raises(preflight.ConfigError, match="NO_SUCH_VARIABLE_HERE") as error:
         preflight.check_before_verl(["actor_rollout_ref.rollout.n=${oc.env:NO_SUCH_VARIABLE_HERE}"], "demo_cpu")
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("argv", [[], ["trainer.total_training_steps=3"]])
+def test_no_recipe_named_is_refused_not_the_demo(argv):
+    # a user who meant their own job would otherwise get the CPU demo (and its build)
+    with pytest.raises(SystemExit, match="name a recipe with --config-name .*python -m verl.trainer.main_ppo"):
+        preflight.check_recipe_name(argv)
+    preflight.check_recipe_name(["--config-name", "demo_cpu", *argv])  # control
+    preflight.check_recipe_name(["--help"])  # Hydra's help runs nothing

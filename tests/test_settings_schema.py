@@ -259,6 +259,6 @@ def test_on_an_accelerator_without_a_table_every_sequence_drafts_the_full_budget
 
 
 def test_rollout_settings_turn_speculation_off_under_full_determinism():
-    rollout = {"custom": {"speculation": {"method": "ngram_rl"}}}
+    rollout = {"name": "hf", "custom": {"speculation": {"method": "ngram_rl"}}}
     assert read_rollout_settings(OmegaConf.create({**rollout, "full_determinism": True})).speculation is None
     assert read_rollout_settings(OmegaConf.create(rollout)).speculation.method == "ngram_rl"  # control

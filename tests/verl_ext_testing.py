@@ -14,6 +14,48 @@ def main_command(*overrides: str, recipe: str = "demo_cpu") -> list[str]:
     return [sys.executable, "-m", "verl_ext.main", "--config-name", recipe, *overrides]
 
 
+# demo_cpu's parts (recipes/common), as a user's overrides of verl's own config: verl_main_command
+DEMO_CPU_PARTS = ("embedded_cpu", "accelerations")
+
+
+def verl_main_command(*overrides: str, parts: tuple[str, ...] = DEMO_CPU_PARTS) -> list[str]:
+    """``python -m verl.trainer.main_ppo`` (verl's entry point and its ppo_trainer config) with a user's overrides
+    for a CPU job on the embedded default: the recipe parts' keys, each as ``++key=value``, with the shipped build's
+    paths written out (a user names files, not verl_ext's resolver), then ``overrides``."""
+    return [sys.executable, "-m", "verl.trainer.main_ppo", *recipe_overrides(*parts), *overrides]
+
+
+def recipe_overrides(*parts: str) -> list[str]:
+    from omegaconf import OmegaConf
+
+    from verl_ext.demo.build import ensure_demo_assets
+
+    config = OmegaConf.merge(*(OmegaConf.load(REPO / "recipes" / "common" / f"{part}.yaml") for part in parts))
+    demo = ensure_demo_assets(None, profile=config.verl_ext.demo_profile)
+    paths = {"data.train_files": demo.train_files, "data.val_files": demo.val_files,
+             "actor_rollout_ref.model.path": demo.model_path,
+             "reward.custom_reward_function.path": demo.reward_path}
+    del config.verl_ext.data_dir, config.verl_ext.demo_profile  # what chose the build
+    leaves = dict(_leaves(OmegaConf.to_container(config, resolve=False)))
+    leaves.update({key: str(path) for key, path in paths.items()})
+    return [f"++{key}={_override_value(value)}" for key, value in leaves.items()]
+
+
+def _leaves(node: dict, prefix: str = ""):
+    for key, value in node.items():
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def _override_value(value) -> str:
+    if isinstance(value, list):
+        return "[" + ",".join(map(_override_value, value)) + "]"
+    return {None: "null", True: "true", False: "false"}.get(value, str(value)) if not isinstance(value, (int, float)) \
+        or isinstance(value, bool) else repr(value)
+
+
 # The learning run (tests/integration/conftest.py): real GRPO steps that several integration tests read.
 LEARNING_STEPS = 12
 ENTROPY_COEFF = 0.001  # the update computes entropy too (tests/integration/test_prefix_grouper_step.py)

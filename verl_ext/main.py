@@ -1,23 +1,24 @@
 """verl's ``main_ppo`` with verl_ext's recipes on the Hydra search path.
 
-    python -m verl_ext.main [--config-name RECIPE] [verl overrides...]
+    python -m verl_ext.main --config-name RECIPE [verl overrides...]
 
-RECIPE is one of ``recipes/*.yaml`` (default ``demo_cpu``); any verl override works on top. Bad input is
-reported as one line naming the problem and the fix, before verl is imported where the check needs no verl
-(``preflight.check_before_verl``: about a second), and before Ray starts in any case.
+RECIPE is one of ``recipes/*.yaml``, named always (a user's own job would otherwise get the CPU demo); any verl
+override works on top. Bad input is reported as one line naming the problem and the fix, before verl is imported
+where the check needs no verl (``preflight.check_before_verl``: about a second), and before Ray starts in any case.
+A user's own job needs none of this: verl's entry point runs the same checks (startup.py).
 """
 
 import os
 import sys
 import warnings
-from pathlib import Path
 from typing import Optional
 
 import hydra
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
-from verl_ext import compat, preflight, ray_setup, report, run_log
+from verl_ext import compat, preflight, ray_setup
 from verl_ext.demo_resolver import register_demo_resolver
+from verl_ext.run_report import reported_run
 from verl_ext.settings import Settings
 
 DEFAULT_RECIPE = "demo_cpu"
@@ -39,35 +40,10 @@ def _run(config: DictConfig, settings: Optional[Settings]) -> None:
     OmegaConf.resolve(config)  # builds the embedded default here, with progress, if the recipe asks for it
     preflight.check_paths(config)
     ray_setup.prepare_ray(config)
-    metrics_path = _enable_step_report(config, settings)
-    log_path = None if metrics_path is None else metrics_path.with_name("run.log")
-    with run_log.logs_to_file(log_path, settings.extension.show_logs) as screen:
+    with reported_run(config, settings):
         validate_config(config=config, use_reference_policy=need_reference_policy(config),
                         use_critic=need_critic(config))
-        if metrics_path is None:
-            run_ppo(config, task_runner_class=TaskRunnerV1)
-            return
-        progress = report.ProgressPrinter(metrics_path, settings.trainer.total_training_steps, out=screen)
-        progress.start()
-        try:
-            run_ppo(config, task_runner_class=TaskRunnerV1)
-        finally:
-            progress.stop()
-            print(report.summarize(metrics_path, metrics_path.with_name("steps.png")), file=screen, flush=True)
-
-
-def _enable_step_report(config: DictConfig, settings: Settings) -> Optional[Path]:
-    """With ``verl_ext.report_dir`` set and verl's ``file`` logger on, route its JSONL there for the report."""
-    report_dir = settings.extension.report_dir
-    if not report_dir or "file" not in config.trainer.logger:
-        return None
-    metrics_path = Path(report_dir).expanduser().resolve() / "metrics.jsonl"
-    metrics_path.parent.mkdir(parents=True, exist_ok=True)
-    metrics_path.unlink(missing_ok=True)
-    runtime_env = config.ray_kwargs.ray_init.runtime_env
-    with open_dict(runtime_env):
-        runtime_env.env_vars = {**(runtime_env.get("env_vars") or {}), "VERL_FILE_LOGGER_PATH": str(metrics_path)}
-    return metrics_path
+        run_ppo(config, task_runner_class=TaskRunnerV1)
 
 
 def main() -> None:

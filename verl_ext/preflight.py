@@ -34,8 +34,14 @@ def available_recipes() -> list[str]:
 
 
 def check_recipe_name(argv: list[str]) -> None:
-    """A recipe name must be one of verl_ext's; with --config-path, the user's config must exist there."""
+    """A recipe must be named, and be one of verl_ext's; with --config-path, the user's config must exist there."""
     name, config_dir = _config_name(argv), _config_dir(argv)
+    if name is None and config_dir is None and not set(argv) & _HYDRA_INFO_FLAGS:
+        # a user who meant their own job would otherwise get the CPU demo
+        raise SystemExit(
+            f"verl_ext: name a recipe with --config-name (one of {', '.join(available_recipes())}), or your verl "
+            "config with --config-path DIR --config-name NAME; your own job also runs with verl_ext's keys through "
+            "verl's entry point, python -m verl.trainer.main_ppo.")
     if config_dir is not None:
         if name is None:
             raise SystemExit(f"verl_ext: --config-path {config_dir} needs --config-name, the name of your verl config "
@@ -156,6 +162,7 @@ def check_rollout_backend(settings: Settings) -> None:
         raise ConfigError(f"{key} on CPU: {reason}.")
 
 
+_HYDRA_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--version"}  # Hydra answers these, runs nothing
 _CONFIG_NAME_FLAGS = ("--config-name", "-cn")  # each followed by the name; or --config-name=NAME
 _CONFIG_PATH_FLAGS = ("--config-path", "-cp")  # a user's verl config: its folder (as verl's main_ppo takes it)
 

@@ -4,13 +4,17 @@ where it is used.
 Arranged by `register_all`, in every process that imports verl (the ``verl.plugins`` entry point, plugin.py), and
 each made once verl has imported the module that holds its registry (verl_ext.post_import: most Ray workers never
 import verl's rollout replicas, agent loop or trainer, and importing them for the plug-in cost each worker seconds):
-    RolloutReplicaRegistry  "hf" and "vllm" rollout replicas (when verl.workers.rollout.replica is imported)
+    RolloutReplicaRegistry  "hf" rollout replica, and under "vllm" a choice of verl's replica or verl_ext's by the
+                            rollout's keys (vllm/replica_choice.py) (when verl.workers.rollout.replica is imported)
     worker rollout table    ("hf", "async") -> rollout.adapter.HFServerAdapter (compat.verl_registries, when
                             verl.workers.rollout.base is imported)
     TRAINER_REGISTRY        "verl_ext" (trainer/__init__.py, registered on import, when verl's main_ppo is, or its
-                            trainer_base outside an import of verl_ext's)
+                            trainer_base outside an import of verl_ext's), and under "sync" a choice of verl's
+                            trainer or verl_ext's by the job's keys (trainer_modes.py, when verl's trainer_sync is)
     PlatformRegistry        "cpu" (platform/cpu.py, registered on import, at once)
     OmegaConf resolver      ${verl_ext_demo:...} (demo_resolver.py, at once; main.py registers it too, before Hydra)
+    Hydra's plug-ins        a search-path plug-in that gives verl's own entry points verl_ext's start-up checks
+                            (startup.py: StartupSearchPath, when hydra is imported)
 
 Made where they are used, inside the Ray worker that needs them, because they depend on what that worker runs:
     EngineRegistry          FSDP engines on "cpu" (workers/cpu_engines.py: register_cpu_engines, from
@@ -39,12 +43,9 @@ def _load_hf_replica():
 
 
 def _load_vllm_replica():
-    from verl_ext.compat import vllm as vllm_compat
+    from verl_ext.vllm.replica_choice import VllmReplicaChoice
 
-    vllm_compat.check_version()  # before verl_ext's vLLM server imports vLLM
-    from verl_ext.vllm.vllm_server import VerlExtvLLMReplica
-
-    return VerlExtvLLMReplica
+    return VllmReplicaChoice
 
 
 def register_all() -> None:
@@ -80,9 +81,14 @@ def check_registered() -> None:
 
 
 def _register_replicas(replica_module) -> None:
+    from verl_ext.compat.verl_registries import replica_loader
+    from verl_ext.vllm.replica_choice import VllmReplicaChoice
+
     registry = replica_module.RolloutReplicaRegistry
     registry.register(HF_ROLLOUT, _load_hf_replica)
-    # verl's vLLM replica with rollout.custom.speculation wired in; the same as verl's without it (verl_ext.vllm).
+    # verl's own vLLM replica, or verl's with rollout.custom.speculation wired in where the rollout gives verl_ext's
+    # keys (vllm/replica_choice.py)
+    VllmReplicaChoice.verl_loader = replica_loader(VLLM_ROLLOUT)
     registry.register(VLLM_ROLLOUT, _load_vllm_replica)
 
 
@@ -124,10 +130,45 @@ def _trainer_registered() -> bool:
     return TRAINER_MODE in TRAINER_REGISTRY
 
 
+def _serve_sync_mode(_) -> None:
+    from verl_ext.compat.verl_registries import serve_trainer_mode
+    from verl_ext.trainer_modes import SYNC_MODE, SyncModeTrainer
+
+    SyncModeTrainer.verl_class = serve_trainer_mode(SYNC_MODE, SyncModeTrainer)
+
+
+def _sync_mode_served() -> bool:
+    from verl_ext.compat.verl_registries import trainer_class
+    from verl_ext.trainer_modes import SYNC_MODE, SyncModeTrainer
+
+    return trainer_class(SYNC_MODE) is SyncModeTrainer and SyncModeTrainer.verl_class is not None
+
+
+def _register_startup_checks(_) -> None:
+    # once hydra's package has finished importing: its plug-in registry scans modules that import the rest of it
+    from hydra.core.plugins import Plugins
+
+    from verl_ext.startup import StartupSearchPath
+
+    Plugins.instance().register(StartupSearchPath)  # Hydra's API for a plug-in made in code
+
+
+def _startup_checks_registered() -> bool:
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.search_path_plugin import SearchPathPlugin
+
+    from verl_ext.startup import StartupSearchPath
+
+    return StartupSearchPath in Plugins.instance().discover(SearchPathPlugin)
+
+
 # verl's module holding the registry, or reading it -> (what is registered, the registration, whether it is made)
 _WHEN_IMPORTED = {
     "verl.workers.rollout.replica": ("hf and vllm rollouts", _register_replicas, _replicas_registered),
     "verl.workers.rollout.base": ("hf worker rollout", _register_worker_rollout, _worker_rollout_registered),
     TRAINER_BASE: ("verl_ext trainer", _register_trainer, lambda: True),  # where main_ppo is not, it may wait
     "verl.trainer.main_ppo": ("verl_ext trainer", _register_trainer, _trainer_registered),
+    # after verl's own class has registered itself under "sync" (its module's code has run)
+    "verl.trainer.ppo.v1.trainer_sync": ("sync trainer choice", _serve_sync_mode, _sync_mode_served),
+    "hydra": ("start-up checks in verl's entry points", _register_startup_checks, _startup_checks_registered),
 }

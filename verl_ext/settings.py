@@ -25,6 +25,7 @@ raw config.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import sys
@@ -70,7 +71,7 @@ class TrainerSettings:
 
     PREFIX: ClassVar[str] = "trainer"
     device: Device = _key("device", default="cpu")
-    trainer_mode: Optional[str] = _key("v1.trainer_mode", default=None)
+    trainer_mode: str = _key("v1.trainer_mode", default="sync")  # verl's default
     # seconds between checks whether a step's rollouts are done; read by verl_ext's trainer (None: verl's 2 s)
     poll_interval: Optional[float] = _key("v1.sampler.poll_interval", default=None)
     total_training_steps: Optional[int] = _key("total_training_steps", default=None)  # None: verl's, from epochs
@@ -87,10 +88,6 @@ class TrainerSettings:
             raise ConfigError(f"trainer.critic_warmup={self.critic_warmup!r} must be a step count >= 0 (verl's default 0).")
         if self.poll_interval is None:
             return
-        if self.trainer_mode != "verl_ext":
-            raise ConfigError(
-                f"trainer.v1.sampler.poll_interval is read by verl_ext's trainer, but trainer.v1.trainer_mode="
-                f"{self.trainer_mode}; set trainer.v1.trainer_mode=verl_ext or drop the key.")
         if not _is_number(self.poll_interval) or not self.poll_interval > 0:
             raise ConfigError(f"trainer.v1.sampler.poll_interval={self.poll_interval} must be > 0 seconds (e.g. 0.05).")
 
@@ -100,7 +97,7 @@ class RolloutSettings:
     """actor_rollout_ref.rollout: what verl_ext's rollout servers read, and the keys verl_ext adds to it."""
 
     PREFIX: ClassVar[str] = "actor_rollout_ref.rollout"
-    name: str = _key("name", default="hf")
+    name: Optional[str] = _key("name", default=None)  # verl requires it (its default: ???)
     n: int = _key("n", default=1)  # responses per prompt (GRPO's group)
     val_n: int = _key("val_kwargs.n", default=1)  # responses per prompt in validation
     seed: int = _key("seed", default=0)
@@ -298,25 +295,31 @@ class Settings:
             logger.warning(f"{where}.n=1 with use_prefix_grouper=true: each prompt has one response, so "
                            "there is no prefix to share; the grouped forward computes what the standard one does.")
 
-    def _check_trainer_mode(self) -> None:
-        """What runs only with verl_ext's trainer is refused under verl's own trainers: the grouper would be silently
-        off (verl's workers never read it); the group agent loop and speculation, whose checkpointed drafter history
-        and wake-ups that trainer holds, are tested only there."""
-        if self.trainer.trainer_mode == "verl_ext":
-            return
+    def trainer_features(self) -> list[str]:
+        """The settings given that verl_ext's trainer serves (verl's sync trainer with verl_ext's workers, agent loop
+        wake-ups, metrics and drafter checkpoints: verl_ext/trainer): verl's own trainer would leave the grouper
+        silently off (verl's workers never read it), and cannot train on CPU (its workers' process group and engines
+        are CUDA's and NPU's). Empty: verl's own trainer runs the job (verl_ext/trainer_modes.py)."""
         rollout = RolloutSettings.PREFIX
-        needs = [key for key, given in (
+        return [key for key, given in (
+            ("trainer.device=cpu", self.trainer.device == "cpu"),
             (f"{PrefixGrouperSettings.PREFIX}.actor.use_prefix_grouper=true", self.prefix_grouper.enabled),
             (f"{rollout}.agent.agent_loop_manager_class={GROUP_AGENT_LOOP}",
              self.rollout.agent_loop_manager_class == GROUP_AGENT_LOOP),
             (f"{SPECULATION}.method={self.rollout.speculation and self.rollout.speculation.method}",
-             self.rollout.speculation is not None)) if given]
-        if needs:
-            raise ConfigError(
-                f"{', '.join(needs)}: {'it runs' if len(needs) == 1 else 'they run'} only in verl_ext's trainer, which "
-                f"trainer.v1.trainer_mode={self.trainer.trainer_mode} does not build; set trainer.v1.trainer_mode="
-                "verl_ext (verl's sync trainer with verl_ext's workers) or turn "
-                f"{'it' if len(needs) == 1 else 'them'} off.")
+             self.rollout.speculation is not None),
+            (f"{rollout}.name=hf", self.rollout.name == "hf"),
+            ("trainer.v1.sampler.poll_interval", self.trainer.poll_interval is not None)) if given]
+
+    def _check_trainer_mode(self) -> None:
+        """verl_ext's trainer is verl's sync trainer: under verl's async modes what it serves is refused."""
+        needs = self.trainer_features()
+        if self.trainer.trainer_mode in SERVED_TRAINER_MODES or not needs:
+            return
+        raise ConfigError(
+            f"{', '.join(needs)}: verl_ext serves {'it' if len(needs) == 1 else 'them'} under trainer.v1.trainer_mode="
+            f"sync (verl's synchronous trainer), not {self.trainer.trainer_mode}; set trainer.v1.trainer_mode=sync "
+            f"or turn {'it' if len(needs) == 1 else 'them'} off.")
 
     def _check_batches(self) -> None:
         """What verl's update would meet after the embedded default is built: a step's prompts that whole
@@ -349,6 +352,37 @@ class Settings:
                               " has no CPU backward); on trainer.device=cpu use sdpa or auto.")
 
 
+# verl's trainer modes (trainer.v1.trainer_mode) in which verl_ext's trainer serves what it serves: verl's sync trainer
+# under its own name or under verl_ext's (the recipes' until session 45)
+SERVED_TRAINER_MODES = ("sync", "verl_ext")
+
+
+def verl_ext_keys(config) -> list[str]:
+    """The keys of a verl config (unresolved, unchecked) that turn verl_ext on; empty for a job verl_ext leaves to
+    verl as it is. Read before any check: a job that turns nothing of verl_ext on is never refused by it."""
+    rollout = RolloutSettings.PREFIX
+    return [key for key, given in (
+        ("trainer.device=cpu", _get(config, "trainer.device") == "cpu"),
+        ("actor_rollout_ref.actor.use_prefix_grouper", _get(config, "actor_rollout_ref.actor.use_prefix_grouper")
+         not in (None, False)),
+        (f"{rollout}.agent.agent_loop_manager_class", str(_get(config, f"{rollout}.agent.agent_loop_manager_class"))
+         .startswith("verl_ext.")),
+        (f"{rollout}.name=hf", _get(config, f"{rollout}.name") == "hf"),
+        ("trainer.v1.trainer_mode=verl_ext", _get(config, "trainer.v1.trainer_mode") == "verl_ext"),
+        ("trainer.v1.sampler.poll_interval", _get(config, "trainer.v1.sampler.poll_interval") is not None),
+        (ExtensionSettings.PREFIX, _get(config, ExtensionSettings.PREFIX) is not None)) if given] + verl_ext_rollout(
+        _get(config, rollout))
+
+
+def verl_ext_rollout(rollout) -> list[str]:
+    """The keys verl_ext adds under ``actor_rollout_ref.rollout.custom`` that a rollout config gives (method none
+    included), and any key one typo away from them (which the checks then refuse): a vLLM rollout with any of them
+    runs verl_ext's server (vllm/replica_choice.py)."""
+    custom = _plain(_get(rollout, "custom")) or {}
+    return [f"{RolloutSettings.PREFIX}.custom.{key}" for key, value in custom.items() if value is not None and (
+        key in _CUSTOM_KEYS or difflib.get_close_matches(key, _CUSTOM_KEYS, n=1, cutoff=_NEAR_MISS))]
+
+
 # ---- the parser ---------------------------------------------------------------------------------------------
 
 
@@ -373,12 +407,11 @@ def read_extension_settings(section) -> ExtensionSettings:
     return _read(ExtensionSettings, _known(section, ExtensionSettings.PREFIX, _field_keys(ExtensionSettings)))
 
 
-_CUSTOM_KEYS = ("speculation", "trace_dir")
-
-
 def read_rollout_settings(rollout) -> RolloutSettings:
-    """actor_rollout_ref.rollout: verl's DictConfig, or the RolloutConfig verl hands a rollout server."""
-    custom = _known(_get(rollout, "custom"), f"{RolloutSettings.PREFIX}.custom", _CUSTOM_KEYS)
+    """actor_rollout_ref.rollout: verl's DictConfig, or the RolloutConfig verl hands a rollout server. Under
+    ``custom``, verl's open extension point, verl_ext reads its own keys and leaves any other to whoever reads it."""
+    custom = _plain(_get(rollout, "custom")) or {}
+    _check_near_misses(custom, f"{RolloutSettings.PREFIX}.custom", _CUSTOM_KEYS)
     given = _known(custom.get("speculation"), SPECULATION, [f.name for f in fields(SpeculationConfig)])
     _known(_get(rollout, "engine_kwargs.hf"), f"{RolloutSettings.PREFIX}.engine_kwargs.hf", ["num_threads"])
     vllm_kwargs = _get(rollout, "engine_kwargs.vllm")
@@ -444,6 +477,20 @@ def _known(section, where: str, known) -> dict:
     if unknown:
         raise ConfigError(f"unknown keys {unknown} under {where}; verl_ext reads {sorted(known)}.")
     return values
+
+
+_CUSTOM_KEYS = ("speculation", "trace_dir")  # verl_ext's keys under verl's open rollout.custom
+_NEAR_MISS = 0.8  # difflib's similarity from which a key is taken for a typo of one of verl_ext's
+
+
+def _check_near_misses(section: dict, where: str, ours) -> None:
+    """A key one typo away from one of ``ours`` is refused (it would silently leave a feature off); any other key
+    is someone else's to read."""
+    for key in set(section) - set(ours):
+        close = difflib.get_close_matches(key, ours, n=1, cutoff=_NEAR_MISS)
+        if close:
+            raise ConfigError(f"{where}.{key} is not a key of verl_ext's; did you mean {where}.{close[0]}? (other "
+                              f"keys under {where} are left to verl)")
 
 
 def _plain(value):

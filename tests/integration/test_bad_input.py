@@ -14,11 +14,12 @@ from verl_ext_testing import REPO, main_command
 from verl_ext.settings import GROUP_AGENT_LOOP
 
 SPEC = "actor_rollout_ref.rollout.custom.speculation"
-# verl's own sync trainer, which builds verl's workers; and the embedded default with one acceleration off each
-VERL_SYNC = ["trainer.v1.trainer_mode=sync", "~trainer.v1.sampler.poll_interval"]
+# verl's async trainer, which verl_ext's trainer does not serve; and the embedded default with one acceleration off each
+VERL_ASYNC = ["trainer.v1.trainer_mode=colocate_async", "~trainer.v1.sampler.poll_interval"]
 NO_GROUPER = ["actor_rollout_ref.actor.use_prefix_grouper=false"]
 NO_AGENT_LOOP = ["actor_rollout_ref.rollout.agent.agent_loop_manager_class=null"]
 NO_SPECULATION = [f"{SPEC}.method=none"]
+ASYNC_REFUSED = "verl_ext serves them under trainer.v1.trainer_mode=sync (verl's synchronous trainer), not colocate_async"
 CASES = {
     "unknown recipe": (["--config-name", "no_such_recipe"], "unknown recipe 'no_such_recipe'"),
     "cuda without a GPU": (["trainer.device=cuda"], "trainer.device=cuda but no CUDA GPU"),
@@ -36,14 +37,14 @@ CASES = {
                                         "do not split into mini-batches of actor_rollout_ref.actor.ppo_mini_batch_size=3"),
     "token budget below a sample": (["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8"],
                                     "ppo_max_token_len_per_gpu=8 is below the longer of"),
-    # verl's own trainer builds verl's workers, which never read the flag: refused, not silently off
-    "prefix grouper outside verl_ext's trainer": ([*VERL_SYNC, *NO_AGENT_LOOP, *NO_SPECULATION],
-                                                  "use_prefix_grouper=true: it runs only in verl_ext's trainer"),
-    "group agent loop outside verl_ext's trainer": ([*VERL_SYNC, *NO_GROUPER, *NO_SPECULATION],
-                                                    f"agent_loop_manager_class={GROUP_AGENT_LOOP}: it runs only in"),
-    "speculation outside verl_ext's trainer": ([*VERL_SYNC, *NO_GROUPER, *NO_AGENT_LOOP],
-                                               "speculation.method=ngram_rl: it runs only in verl_ext's trainer"),
-    "all three outside verl_ext's trainer": (VERL_SYNC, "use_prefix_grouper=true, actor_rollout_ref.rollout.agent."),
+    # verl's async trainers build verl's workers, which never read the flag: refused, not silently off
+    "prefix grouper under an async trainer": ([*VERL_ASYNC, *NO_AGENT_LOOP, *NO_SPECULATION],
+                                              "use_prefix_grouper=true, actor_rollout_ref.rollout.name=hf: " + ASYNC_REFUSED),
+    "group agent loop under an async trainer": ([*VERL_ASYNC, *NO_GROUPER, *NO_SPECULATION],
+                                                f"agent_loop_manager_class={GROUP_AGENT_LOOP}, actor_rollout_ref.rollout"),
+    "speculation under an async trainer": ([*VERL_ASYNC, *NO_GROUPER, *NO_AGENT_LOOP],
+                                           "speculation.method=ngram_rl, actor_rollout_ref.rollout.name=hf: verl_ext"),
+    "all three under an async trainer": (VERL_ASYNC, "use_prefix_grouper=true, actor_rollout_ref.rollout.agent."),
     "negative step count": (["trainer.total_training_steps=-3"], "trainer.total_training_steps=-3 is invalid"),
     "no prompts per step": (["data.train_batch_size=0"], "data.train_batch_size=0 is invalid"),
     "unknown key": (["actor_rollout_ref.rollout.nn=3"], "Key 'nn' is not in struct"),

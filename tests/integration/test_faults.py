@@ -1,5 +1,9 @@
-"""Real GRPO runs through `python -m verl_ext.main` on the embedded default (a local Ray cluster each), and the
-faults a long run meets. The runs train on 8 prompts, 4 a step, so step 3 opens the second epoch.
+"""Real GRPO runs of a verl user's job on the embedded default (a local Ray cluster each), and the faults a long run
+meets. The job is verl's own: ``python -m verl.trainer.main_ppo``, verl's ppo_trainer config and its sync trainer mode,
+with a user's overrides for a CPU job, among them verl's own key ``actor.use_prefix_grouper=true`` and NgramRL
+(``rollout.custom.speculation``): verl_ext's start-up checks and report run inside verl's entry point, and its
+trainer builds the job (verl_ext/startup.py, trainer_modes.py). The runs train on 8 prompts, 4 a step, so step 3
+opens the second epoch.
 
 - The demo's steps: sane metrics, the rollout phase broken down by where its time goes, checkpoints with the
   drafter history, the summary and plot at the end.
@@ -22,7 +26,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from verl_ext_testing import REPO, main_command
+from verl_ext_testing import REPO, verl_main_command
 
 from verl_ext.speculation.state_files import load_states
 
@@ -51,6 +55,9 @@ def _check_step_metrics(metrics: dict) -> None:
     engine_tokens = metrics["rollout/engine_tokens_per_s"] * metrics["rollout/engine_s"]
     assert abs(engine_tokens - metrics["response_length/mean"] * PROMPTS_A_STEP * SAMPLES) <= 0.02 * engine_tokens
     assert 0 <= metrics["rollout/spec/accepted_tokens"] <= metrics["rollout/spec/drafted_tokens"]
+    assert metrics["rollout/spec/accepted_tokens_per_forward"] >= 1.0
+    # every prompt encoded once for its 8 responses: the forward runs several times fewer tokens
+    assert metrics["actor/prefix_grouper/token_ratio"] > 1.5
     # the rollout phase by where its time goes. The engine's phases lie within its busy time and make up nearly all
     # of it: the rest is the server's admission and hand-off, 0.8-1.2% of a 0.23-0.32 s rollout (2026-12-07); a
     # 20% undercount of decode falls under the bound. (CI once saw 5.5%, on a resumed run's first step, while the
@@ -109,7 +116,7 @@ def _run_and_kill_rollout_server(command: list[str], after_step: int) -> tuple[i
 
 
 def test_killed_rollout_server_stops_the_run_and_the_run_resumes(tmp_path):
-    command = main_command(*_overrides(tmp_path, steps=3))
+    command = verl_main_command(*_overrides(tmp_path, steps=3))
     returncode, output, stop_s = _run_and_kill_rollout_server(command, after_step=1)
     assert returncode != 0 and stop_s < STOP_WITHIN_S, f"still running {stop_s:.0f}s after the kill"
     # The kill lands in step 2 as a rule; a loaded machine may print step 1's line late enough that step 2 has

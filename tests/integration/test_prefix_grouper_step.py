@@ -38,7 +38,7 @@ def test_one_grpo_step_equal_with_and_without_prefix_grouper(learning_runs, demo
     assert off["actor/grad_norm"] > 0 and off["actor/pg_loss"] != 0  # not a vacuous comparison
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/entropy_loss", "actor/kl_loss"):
         assert on[key] == pytest.approx(off[key], rel=1e-5, abs=1e-7), key
-    assert on["actor/prefix_grouper/token_ratio"] < 0.5 and "actor/prefix_grouper/token_ratio" not in off
+    assert on["actor/prefix_grouper/token_ratio"] > 2 and "actor/prefix_grouper/token_ratio" not in off
     assert on["actor/prefix_grouper/shared_groups"] == 8  # every group's prompt read by two micro-batches
     assert_same_update(w_on, w_off, start=load_file(demo_assets.model_path / "model.safetensors"))
     assert all(w_on[k].dtype == torch.float32 for k in w_on)

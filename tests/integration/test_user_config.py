@@ -38,12 +38,13 @@ def _last_line(*args: str) -> str:
 
 def test_a_user_config_gets_the_start_up_checks(config_dir):
     line = _last_line("--config-path", str(config_dir), "--config-name", "my_job",
-                      "actor_rollout_ref.actor.use_prefix_grouper=true")  # verl's trainer mode: refused
-    assert line.startswith("verl_ext: ") and "use_prefix_grouper=true: it runs only in verl_ext's trainer" in line, line
+                      "actor_rollout_ref.actor.use_prefix_grouper=true", "trainer.v1.trainer_mode=colocate_async")
+    assert line.startswith("verl_ext: ") and "use_prefix_grouper=true, actor_rollout_ref.rollout.name=hf: verl_ext " \
+        "serves them under trainer.v1.trainer_mode=sync (verl's synchronous trainer), not colocate_async" in line, line
     # verl's default attention is flash-attn's, which this CPU environment lacks: the next check says so
-    line = _last_line("--config-path", str(config_dir), "--config-name", "my_job", "trainer.v1.trainer_mode=verl_ext")
+    line = _last_line("--config-path", str(config_dir), "--config-name", "my_job")  # verl's default mode: sync
     assert line.startswith("verl_ext: ") and "attn_implementation=flash_attention_2" in line, line
-    line = _last_line("--config-path", str(config_dir), "--config-name", "my_job", "trainer.v1.trainer_mode=verl_ext",
+    line = _last_line("--config-path", str(config_dir), "--config-name", "my_job",
                       "+actor_rollout_ref.model.override_config.attn_implementation=sdpa")
     assert line.startswith("verl_ext: ") and "no CUDA GPU is visible" in line, line  # verl's default device: cuda
 

@@ -20,7 +20,7 @@ CASES = [
     (["+actor_rollout_ref.rollout.min_p=0.05"], "min_p"),
     (["+actor_rollout_ref.rollout.logit_bias={7: 2.0}"], "logit_bias"),
     ([f"+{SPEC}.draft_budget=4"], "draft_budget"),
-    (["+actor_rollout_ref.rollout.custom.trace_dri=/tmp/x"], "trace_dri"),
+    (["+actor_rollout_ref.rollout.custom.trace_dri=/tmp/x"], "did you mean actor_rollout_ref.rollout.custom.trace_dir"),
     (["actor_rollout_ref.rollout.name=vllm"], "rollout.name=hf"),
 ]
 
@@ -57,7 +57,7 @@ def test_full_determinism_turns_speculation_off():
     # (tests/integration/test_prefix_grouper_step.py sees it end to end)
     from verl_ext.settings import read_rollout_settings
 
-    rollout = {"custom": {"speculation": {"method": "ngram_rl", "draft_from_siblings": True}}}
+    rollout = {"name": "hf", "custom": {"speculation": {"method": "ngram_rl", "draft_from_siblings": True}}}
     assert read_rollout_settings(OmegaConf.create({**rollout, "full_determinism": True})).speculation is None
     default = read_rollout_settings(OmegaConf.create({**rollout, "full_determinism": False})).speculation
     assert default.method == "ngram_rl" and default.draft_from_siblings  # control

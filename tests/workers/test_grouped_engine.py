@@ -87,7 +87,7 @@ def test_grouped_engine_equalsstandard_batching(actors, case):
     results = [engine_result(actor, make_batch, use_remove_padding=use_remove_padding, **batching) for actor in actors]
     assert violations(results[1], results[0]) == []
     # the prompts were shared: a fallback that encoded each sample's prompt again would give the same numbers
-    assert results[1].metrics[TOKEN_RATIO_METRIC][0] < 0.8 and TOKEN_RATIO_METRIC not in results[0].metrics
+    assert results[1].metrics[TOKEN_RATIO_METRIC][0] > 1.25 and TOKEN_RATIO_METRIC not in results[0].metrics
 
 
 SPLIT_CASES = {  # (use_remove_padding, batching, tool spans, groups whose prompt runs apart: "a" "b" "d" / "a" "b")

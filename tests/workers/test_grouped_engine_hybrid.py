@@ -99,7 +99,7 @@ def test_grouped_engine_equals_standard_on_a_hybrid_model(actors, case):
     expected = engine_result(standard, make_batch, use_remove_padding=False, **standard_batching(batching))
     got = engine_result(grouped, make_batch, use_remove_padding=use_remove_padding, **batching)
     assert violations(got, expected, rel=REL) == []
-    assert got.metrics[TOKEN_RATIO_METRIC][0] < 0.8
+    assert got.metrics[TOKEN_RATIO_METRIC][0] > 1.25
     if shared_groups:
         assert got.metrics[SHARED_GROUPS_METRIC] == [shared_groups]  # the prompts ran apart, once each
 

@@ -312,7 +312,8 @@ def set_replica_server(replica, handle, address: str) -> None:
 
 
 class SyncTrainerMode:
-    """For a subclass of verl's sync trainer registered under its own name (``registry_name``). verl 0.9.1
+    """For a subclass of verl's sync trainer registered under its own name (``registry_name``), and built under
+    "sync" too (verl_ext/trainer_modes.py). verl 0.9.1
     (trainer/ppo/v1/trainer_base.py) keeps that name, ``trainer.v1.trainer_mode``, in ``self.trainer_mode`` and runs
     sync semantics only where it is "sync": any other name gets the async replay buffer (which refills failed prompt
     groups forever when a rollout server dies), one-prompt dataloader fetches and TransferQueue checkpoints. Mixed in
@@ -326,4 +327,4 @@ class SyncTrainerMode:
 
     @trainer_mode.setter
     def trainer_mode(self, name: str) -> None:
-        assert name == self.registry_name, name  # verl assigns the registry name this class was looked up by
+        assert name in (self.registry_name, "sync"), name  # verl assigns the name this class was looked up by

@@ -16,6 +16,8 @@ def server_actor_name(replica_rank: int) -> str:
 
 
 class HFReplica(RolloutReplica):
+    answers_verl_ext = True  # its server answers verl_ext's trainer (trainer/rollout_servers.py)
+
     async def launch_servers(self):
         if self.config.tensor_model_parallel_size * self.config.pipeline_model_parallel_size != 1:
             raise ValueError(

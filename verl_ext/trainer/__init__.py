@@ -1,6 +1,7 @@
 """verl_ext's trainer mode: verl's synchronous v1 trainer with verl_ext's Ray worker classes.
 
-Selected with ``trainer.v1.trainer_mode=verl_ext`` (the recipes do). verl 0.9.1 hard-codes its own worker
+Built in verl's own ``sync`` mode for a job with a key it serves (verl_ext/trainer_modes.py: verl's own trainer
+builds any other job), and under ``trainer.v1.trainer_mode=verl_ext``. verl 0.9.1 hard-codes its own worker
 classes in ``PPOTrainer._init_resource_pool_mgr``; its trainer registry is the supported way to swap them.
 ``VerlExtTrainer`` overrides verl's private trainer hooks under their public names
 (``verl_ext.compat.verl.TrainerHooks``), reads its settings from ``verl_ext.settings`` and hands each job on:
@@ -126,4 +127,4 @@ class VerlExtTrainer(SyncTrainerMode, TrainerHooks, PPOTrainerSync):
             speculation_checkpoint.load(self._verl_ext_servers(), directory)
 
     def _verl_ext_servers(self) -> list:
-        return verl_ext_servers(self.settings.rollout.name, self.llm_server_manager.get_replicas())
+        return verl_ext_servers(self.llm_server_manager.get_replicas())

@@ -6,12 +6,11 @@ from contextlib import contextmanager
 from verl_ext.rollout.health import dead_servers, replica_died_error
 
 
-def verl_ext_servers(rollout_name: str, replicas: list) -> list:
-    """First server of each replica: verl_ext's HF and vLLM servers answer rollout_metrics and
-    speculation_state (a vLLM replica's other servers are headless nodes of the same engine)."""
-    if rollout_name not in ("hf", "vllm"):
-        return []
-    return [replica.servers[0] for replica in replicas]
+def verl_ext_servers(replicas: list) -> list:
+    """First server of each of verl_ext's replicas (class attribute ``answers_verl_ext``): its HF and vLLM servers
+    answer rollout_metrics and speculation_state (a vLLM replica's other servers are headless nodes of the same
+    engine). A replica of verl's own (vLLM without verl_ext's rollout keys: vllm/replica_choice.py) answers none."""
+    return [replica.servers[0] for replica in replicas if getattr(replica, "answers_verl_ext", False)]
 
 
 @contextmanager

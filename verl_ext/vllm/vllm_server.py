@@ -1,7 +1,8 @@
 """verl 0.9.1's vLLM server and replica, with ``rollout.custom.speculation`` wired in.
 
-Registered under ``rollout.name=vllm`` (``verl_ext.registration``); without speculation settings it behaves as
-verl's own. Through verl's subclass hooks (public names from ``verl_ext.compat.verl.VllmServerHooks``), no patching:
+Built under ``rollout.name=vllm`` where the rollout gives verl_ext's keys under ``custom`` (replica_choice.py);
+otherwise verl builds its own replica. Through verl's subclass hooks (public names from
+``verl_ext.compat.verl.VllmServerHooks``), no patching:
 - ``preprocess_engine_kwargs``: adds vLLM's ``speculative_config`` built from the settings (engine_args);
 - ``worker_extension_cls``: verl's worker extension plus ours (worker_extension);
 - ``run_server``: once the engine is up, hands the ngram_rl proposer its model runner and settings;
@@ -113,6 +114,8 @@ class VerlExtvLLMServer(VllmServerHooks, vLLMHttpServer):
 
 
 class VerlExtvLLMReplica(vLLMReplica):
+    answers_verl_ext = True  # its server answers verl_ext's trainer (trainer/rollout_servers.py)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.server_class = ray.remote(VerlExtvLLMServer)

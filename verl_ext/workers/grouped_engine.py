@@ -41,7 +41,8 @@ from verl_ext.workers.grouped_config import GROUPED_BACKENDS, GroupedFSDPEngineC
 from verl_ext.workers.grouped_io import GroupedInputs, SampleTokens, grouped_inputs, sample_tokens, to_jagged
 from verl_ext.workers.shared_prefix_schedule import SharedPrefixSchedule
 
-# grouped-stream tokens / standard tokens of a batch (1.0: nothing shared); the update reports it as actor/...
+# standard tokens / grouped-stream tokens of a batch: how many times fewer tokens the forward runs (1.0: nothing
+# shared; the benchmarks' "token ratio"); the update reports it as actor/...
 TOKEN_RATIO_METRIC = "prefix_grouper/token_ratio"
 # groups too large for one micro-batch, whose prompt ran once apart for parts on several micro-batches
 SHARED_GROUPS_METRIC = "prefix_grouper/shared_groups"
@@ -84,7 +85,7 @@ class _GroupedForward:
             # verl restores the sample order only after dynamic batching; ours reorders in both modes
             output["model_output"] = {k: restore_dynamic_batch(v, plan.parts) for k, v in output["model_output"].items()}
         standard_tokens = sum(g.prompt_len * len(g.members) + sum(g.response_lens) for g in groups)
-        output["metrics"][TOKEN_RATIO_METRIC] = [stream_tokens(groups, plan) / standard_tokens]
+        output["metrics"][TOKEN_RATIO_METRIC] = [standard_tokens / stream_tokens(groups, plan)]
         output["metrics"][SHARED_GROUPS_METRIC] = [len({g for g in plan.shared if g is not None})]
         return output
 
