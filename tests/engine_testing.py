@@ -198,7 +198,8 @@ def engine_result(worker, make_batch, **batching) -> EngineResult:
     with engine.train_mode():
         engine.optimizer_zero_grad()
         output = engine.forward_backward_batch(data, worker.loss_fn, forward_only=False)
-        grads = {n: p.grad.full_tensor().clone() for n, p in engine.module.named_parameters()}
+        # the trained parameters' (a LoRA run's frozen base weights have none)
+        grads = {n: p.grad.full_tensor().clone() for n, p in engine.module.named_parameters() if p.requires_grad}
         engine.optimizer_zero_grad()
     return EngineResult(log_probs, entropy, grads, output["metrics"])
 

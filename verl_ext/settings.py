@@ -261,6 +261,16 @@ class DistillationSettings:
 
 
 @dataclass(frozen=True)
+class LoraSettings:
+    """actor_rollout_ref.model's LoRA (verl's keys): the grouped forward runs through verl's peft adapters; the HF
+    rollout takes the actor's weights whole, so verl must merge the adapters into them at each sync."""
+
+    PREFIX: ClassVar[str] = "actor_rollout_ref.model"
+    rank: int = _key("lora_rank", default=0)
+    merge: bool = _key("lora.merge", default=False)
+
+
+@dataclass(frozen=True)
 class Settings:
     trainer: TrainerSettings
     rollout: RolloutSettings
@@ -269,9 +279,16 @@ class Settings:
     data: DataSettings
     distillation: DistillationSettings = field(default_factory=DistillationSettings)
     algorithm: AlgorithmSettings = field(default_factory=AlgorithmSettings)
+    lora: LoraSettings = field(default_factory=LoraSettings)
 
     def __post_init__(self) -> None:
         where = RolloutSettings.PREFIX
+        if (self.lora.rank or 0) > 0 and self.rollout.name == "hf" and not self.lora.merge:
+            # unmerged, verl sends the adapters apart (vLLM's LoRA), under names the HF model does not have
+            raise ConfigError(
+                f"{LoraSettings.PREFIX}.lora_rank={self.lora.rank} with {where}.name=hf: the HF rollout takes the "
+                f"actor's weights whole; set {LoraSettings.PREFIX}.lora.merge=true (verl merges the adapters into "
+                "them at each weight sync) or use rollout.name=vllm.")
         if self.algorithm.bypass_mode and not self.rollout.calculate_log_probs:
             # verl's trainer copies the rollout's log-probs as the old ones, and would find none at the first step
             raise ConfigError(
@@ -396,6 +413,7 @@ def read_settings(config) -> Settings:
         data=_read(DataSettings, _get(config, DataSettings.PREFIX)),
         distillation=_read(DistillationSettings, _get(config, DistillationSettings.PREFIX)),
         algorithm=_read(AlgorithmSettings, _get(config, AlgorithmSettings.PREFIX)),
+        lora=_read(LoraSettings, _get(config, LoraSettings.PREFIX)),
     )
 
 
@@ -542,7 +560,7 @@ VERL_KEYS = frozenset({
 })
 
 SECTIONS = (TrainerSettings, RolloutSettings, PrefixGrouperSettings, ExtensionSettings, DataSettings,
-            AlgorithmSettings)
+            AlgorithmSettings, LoraSettings)
 # every key parsed here, with its section's prefix
 PARSED_KEYS = frozenset(f"{cls.PREFIX}.{key}" for cls in SECTIONS for key in _field_keys(cls))
 DECLARED_KEYS = PARSED_KEYS | VERL_KEYS | {f"{SPECULATION}.{f.name}" for f in fields(SpeculationConfig)}

@@ -49,9 +49,11 @@ _MIXER_NAMES = (
     (re.compile(r"Vision|Visual|Image|Audio|Patch"), "vision_tower"),
 )
 
-# torch modules that act on each position alone
+# torch modules that act on each position alone, or only hold parameters (peft's LoRA layers keep their embedding
+# adapters in a ParameterDict)
 _POSITIONWISE_TORCH = (torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm, torch.nn.Dropout, torch.nn.Identity,
-                       torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential, torch.nn.RMSNorm)
+                       torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential, torch.nn.RMSNorm,
+                       torch.nn.ParameterDict, torch.nn.ParameterList)
 _TORCH_ACTIVATIONS = "torch.nn.modules.activation"
 # transformers' modules that act on each position alone (or only hold such modules), by class-name ending
 _POSITIONWISE_NAMES = re.compile(

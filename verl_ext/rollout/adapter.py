@@ -41,6 +41,9 @@ class HFServerAdapter(BaseRollout):
     ):
         if wire_format != "named_tensors":
             raise ValueError(f"HF rollout takes full weights only (wire_format=named_tensors), got {wire_format!r}.")
+        if kwargs.get("peft_config") is not None:  # the start-up checks refuse this (settings.LoraSettings)
+            raise ValueError("HF rollout takes the actor's weights whole, not LoRA adapters apart; set "
+                             "actor_rollout_ref.model.lora.merge=true.")
         named = [(name, tensor.detach().to("cpu", copy=True)) for name, tensor in weights]
         await self.server.load_weights.remote(named)
         if global_steps is not None:
