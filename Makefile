@@ -37,6 +37,9 @@ install: $(INSTALLED)
 
 # verl 0.9.1 runs on Python 3.10-3.12; PyPI's Linux torch is the CUDA build (GBs), so the CPU wheel comes from a wheel
 # folder pip already knows (find-links), else from PyTorch's CPU index, before anything can pull the other one.
+# Why torch 2.13 here and not verl[vllm]'s 2.11.0: no registry CI reaches serves 2.11.0's CPU wheel, and PyPI's CUDA
+# build makes an environment of 7.0 GB against this one's 2.4 GB (2026-12-07). The vLLM environment is that stack
+# (torch 2.11.0, transformers 5.9.0), and `make test-vllm` runs the grouped forward, the HF rollout and a GRPO run in it.
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 $(INSTALLED): setup.py constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(not (3, 10) <= sys.version_info[:2] <= (3, 12))' || { echo "verl_ext needs \
@@ -104,6 +107,12 @@ test: install
 # The vLLM suite skips, with one line, only where vLLM's CPU build cannot run (verl_ext/platform/vllm_cpu.py: the
 # platform and processor flags) or where VERL_EXT_SKIP_VLLM is set (CI never sets it). Elsewhere an environment
 # that does not build, or whose extension does not load (the probe, in a child process), fails with the reason.
+# That environment is the stack `pip install 'verl[vllm]==0.9.1'` gives GPU users (torch 2.11.0, transformers 5.9.0),
+# so the suite also runs there the grouped forward (model level and through verl's FSDP engine, LoRA included) and
+# the HF rollout engine, which the main environment runs on torch 2.13 and transformers 5.10 (its GRPO run:
+# test_demo_cpu_vllm). 3.7 minutes beside a vLLM install on 2 cores (2026-12-07).
+VERLS_STACK_TESTS := tests/attention/test_grouped_equivalence.py tests/workers/test_grouped_engine.py \
+	tests/workers/test_grouped_engine_lora.py tests/rollout/test_engine.py
 test-vllm:
 ifneq ($(VERL_EXT_SKIP_VLLM),)
 	@echo "vLLM tests skipped: VERL_EXT_SKIP_VLLM is set"
@@ -112,7 +121,7 @@ else ifeq ($(VLLM_WHY_NOT),)
 	@broken=$$($(PYTHON) verl_ext/platform/vllm_cpu.py --probe $(VLLM_BIN)/python) || \
 		{ echo "the vLLM environment $(VLLM_VENV) is broken: $$broken (rebuild it: rm -rf $(VLLM_VENV); make install-vllm)"; exit 1; }
 	$(SHARED_CORES) $(VLLM_BIN)/python -m pytest -q --durations=10 tests/vllm_engine tests/test_numba_cache_locator.py \
-		$(VLLM_ARGS)
+		$(VERLS_STACK_TESTS) $(VLLM_ARGS)
 else
 	@echo "vLLM tests skipped: $(VLLM_WHY_NOT)"
 endif
