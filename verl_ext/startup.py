@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import PurePath
-
 from typing import TYPE_CHECKING, Optional
 
 from hydra.core.config_search_path import ConfigSearchPath
