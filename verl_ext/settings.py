@@ -396,8 +396,8 @@ def verl_ext_rollout(rollout) -> list[str]:
     included), and any key one typo away from them (which the checks then refuse): a vLLM rollout with any of them
     runs verl_ext's server (vllm/replica_choice.py)."""
     custom = _plain(_get(rollout, "custom")) or {}
-    return [f"{RolloutSettings.PREFIX}.custom.{key}" for key, value in custom.items() if value is not None and (
-        key in _CUSTOM_KEYS or difflib.get_close_matches(key, _CUSTOM_KEYS, n=1, cutoff=_NEAR_MISS))]
+    return [f"{RolloutSettings.PREFIX}.custom.{key}" for key, value in custom.items()
+            if value is not None and (key in _CUSTOM_KEYS or _typo_of(key, _CUSTOM_KEYS))]
 
 
 # ---- the parser ---------------------------------------------------------------------------------------------
@@ -501,13 +501,19 @@ _CUSTOM_KEYS = ("speculation", "trace_dir")  # verl_ext's keys under verl's open
 _NEAR_MISS = 0.8  # difflib's similarity from which a key is taken for a typo of one of verl_ext's
 
 
+def _typo_of(key: str, ours) -> Optional[str]:
+    """The key of ``ours`` that ``key`` is one typo away from, if any."""
+    close = difflib.get_close_matches(key, ours, n=1, cutoff=_NEAR_MISS)
+    return close[0] if close else None
+
+
 def _check_near_misses(section: dict, where: str, ours) -> None:
     """A key one typo away from one of ``ours`` is refused (it would silently leave a feature off); any other key
     is someone else's to read."""
     for key in set(section) - set(ours):
-        close = difflib.get_close_matches(key, ours, n=1, cutoff=_NEAR_MISS)
-        if close:
-            raise ConfigError(f"{where}.{key} is not a key of verl_ext's; did you mean {where}.{close[0]}? (other "
+        meant = _typo_of(key, ours)
+        if meant:
+            raise ConfigError(f"{where}.{key} is not a key of verl_ext's; did you mean {where}.{meant}? (other "
                               f"keys under {where} are left to verl)")
 
 

@@ -26,7 +26,6 @@ from engine_testing import (
     build_actor,
     engine_result,
     free_port,
-    init_single_process_group,
     rollout_batch,
     standard_batching,
     tiny_model_dir,
@@ -39,16 +38,6 @@ from verl_ext.workers.grouped_engine import SHARED_GROUPS_METRIC, TOKEN_RATIO_ME
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return tiny_model_dir(tmp_path_factory.mktemp("tiny_qwen2"))
-
-
-@pytest.fixture(scope="module")
-def gloo():
-    with pytest.MonkeyPatch.context() as env:
-        for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-            env.setenv(key, os.environ.get(key, ""))  # restored after the module
-        init_single_process_group()
-        torch.set_num_threads(1)  # tiny matrices: threads cost more than they give on a shared box
-        yield
 
 
 @functools.cache

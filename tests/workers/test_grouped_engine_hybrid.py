@@ -14,12 +14,11 @@ state instead of its prompt's is off by 0.3 to 0.75, 4000x the budget.
 """
 
 import functools
-import os
 
 import pytest
 import torch
 from engine_testing import DYNAMIC, FIXED, GROUPS, LONG_GROUPS, SPLIT_DYNAMIC, SPLIT_FIXED, actor_rollout_ref_config, \
-    build_actor, engine_result, init_single_process_group, rollout_batch, standard_batching, tiny_model_dir, violations
+    build_actor, engine_result, rollout_batch, standard_batching, tiny_model_dir, violations
 from family_check import fp64_throughout
 
 from verl_ext.attention.kernels.delta_rule import chunk_gated_delta_rule
@@ -29,13 +28,8 @@ REL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as env:
-        for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-            env.setenv(key, os.environ.get(key, ""))  # restored after the module
-        init_single_process_group()
-        torch.set_num_threads(1)
-        yield tiny_model_dir(tmp_path_factory.mktemp("tiny_qwen3_5"), hybrid=True)
+def model_dir(gloo, tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny_qwen3_5"), hybrid=True)
 
 
 def _actors(model_dir, *overrides):

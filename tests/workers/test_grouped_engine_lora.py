@@ -6,7 +6,6 @@ the adapters change the log-probs and both A's and B's gradients are not zero. B
 tensor, as tests/workers/test_grouped_engine.py."""
 
 import functools
-import os
 
 import pytest
 import torch
@@ -18,7 +17,6 @@ from engine_testing import (
     actor_rollout_ref_config,
     build_actor,
     engine_result,
-    init_single_process_group,
     rollout_batch,
     standard_batching,
     tiny_model_dir,
@@ -30,17 +28,12 @@ LORA = ("actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alp
 
 
 @pytest.fixture(scope="module")
-def actors(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as env:
-        for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-            env.setenv(key, os.environ.get(key, ""))  # restored after the module
-        init_single_process_group()
-        torch.set_num_threads(1)
-        arr = actor_rollout_ref_config(tiny_model_dir(tmp_path_factory.mktemp("tiny_qwen2")), *LORA)
-        actors = build_actor(arr, use_prefix_grouper=False), build_actor(arr, use_prefix_grouper=True)
-        for actor in actors:
-            _draw_adapters(actor.engine.module)
-        yield actors
+def actors(gloo, tmp_path_factory):
+    arr = actor_rollout_ref_config(tiny_model_dir(tmp_path_factory.mktemp("tiny_qwen2")), *LORA)
+    actors = build_actor(arr, use_prefix_grouper=False), build_actor(arr, use_prefix_grouper=True)
+    for actor in actors:
+        _draw_adapters(actor.engine.module)
+    return actors
 
 
 def _draw_adapters(module) -> None:
