@@ -6,7 +6,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 
 import pandas as pd
 import pytest
@@ -31,9 +30,7 @@ def test_assets_point_at_built_files(test_assets):
 def test_second_call_reuses_the_cache(test_assets, monkeypatch):
     data_dir = test_assets.model_path.parent.parent
     monkeypatch.setattr(build, "_build_into", lambda *a: pytest.fail("rebuilt a cached build"))
-    start = time.monotonic()
     again = ensure_demo_assets(data_dir, profile="test")
-    assert time.monotonic() - start < 1.0
     assert again == test_assets
 
 

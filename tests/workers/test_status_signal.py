@@ -3,7 +3,8 @@ it passes what the trainer saw, the trainer's waiter returns on the first worker
 interval when none does, and verl's replay buffer waits through it instead of sleeping.
 
 The intervals are long (tens of seconds) where the test expects an early return, so that no machine is slow enough
-to pass a late one; the one wait expected to run its full interval is short."""
+to pass a late one; the one wait expected to run its full interval is short. The clock starts once the workers are
+up: an actor's start (a process importing verl) took over 30 s on a loaded 2-core CI machine (2026-12-08)."""
 
 import asyncio
 import time
@@ -60,6 +61,7 @@ def cluster():
 
 def test_waiter_wakes_on_the_first_worker_to_settle_a_group(cluster):
     workers = [SettlingWorker.remote(), SettlingWorker.remote()]
+    ray.get([worker.__ray_ready__.remote() for worker in workers])  # started: only the waiter is timed
     waiter = StatusWaiter(lambda: workers)
     workers[1].settle_after.remote(0.3)
     start = time.monotonic()
