@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from verl_ext.attention import GroupedKernels, prepare_grouped_batch
+from verl_ext.attention.kernels import auto_on_cuda
 from verl_ext.attention.kernels import flash as grouped_flash
 from verl_ext.attention.kernels.flash import flash_unusable_reason, grouped_flash_attention
 from verl_ext.attention.kernels.sdpa import grouped_sdpa_attention
@@ -120,6 +121,14 @@ def test_backend_choice_on_cpu():
     assert torch.equal(out, grouped_sdpa_attention(q, k, v, batch.attention, 0.3))
     with pytest.raises(RuntimeError, match="not cuda"):
         GroupedKernels("flash")(q, k, v, batch.attention, 0.3)
+
+
+def test_auto_on_cuda_takes_flex_and_flash_only_when_named():
+    """flash-attn's path has not run on a GPU (kernels.AUTO_ON_CUDA): auto never takes it, even where it could run."""
+    every_one_runs = {"flash": None, "flex": None, "sdpa": None}
+    assert auto_on_cuda(every_one_runs) == "flex"
+    assert auto_on_cuda({**every_one_runs, "flex": "torch without FlexAttention"}) == "sdpa"
+    assert auto_on_cuda(every_one_runs, flex_failure="a compile error") == "sdpa"  # failed once: PyTorch from then on
 
 
 # ---------------------------------------------------------------- CUDA: the real kernels

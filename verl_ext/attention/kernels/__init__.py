@@ -25,12 +25,15 @@ from verl_ext.settings import GroupedAttention as Backend
 logger = logging.getLogger(__name__)
 
 BACKENDS: tuple[str, ...] = get_args(Backend)
+# What auto tries on CUDA, in order. FlexAttention has run on an H100 and an H200 (tests/gpu/check_torch_only.py);
+# flash-attn's path has not run on a GPU yet (that check carries no flash-attn), so only a named "flash" takes it.
+AUTO_ON_CUDA: tuple[str, ...] = ("flex", "sdpa")
 
 
 class GroupedKernels:
     """The kernels of one process under one backend, chosen once (verl_ext.grouped_attention: settings.py).
 
-    "auto": on CUDA flash-attn where it can run the call, else FlexAttention, else pure PyTorch; on CPU pure PyTorch.
+    "auto": on CUDA FlexAttention where it can run the call, else pure PyTorch (AUTO_ON_CUDA); on CPU pure PyTorch.
     Under auto a FlexAttention that fails (its compile, on a GPU or torch it was not checked on) leaves this object
     on the PyTorch path, with a warning. A named backend that cannot run a call raises (start-up checks refuse the
     choices that never can: preflight). Holds FlexAttention's compile cache and stats; one thread uses it."""
@@ -76,10 +79,16 @@ class GroupedKernels:
             return self.backend
         if not query.is_cuda:
             return "sdpa"
-        chosen = next(name for name in ("flash", "flex", "sdpa") if unusable[name] is None)
-        if chosen != "flash":
-            _log_fallback_once(chosen, unusable["flash"])
-        return "sdpa" if chosen == "flex" and self.flex_failure is not None else chosen
+        return auto_on_cuda(unusable, self.flex_failure)
+
+
+def auto_on_cuda(unusable: dict[str, str | None], flex_failure: str | None = None) -> str:
+    """auto's kernel for a CUDA call: the first of AUTO_ON_CUDA that can run it (`unusable`: why each cannot, or
+    None), the PyTorch path once FlexAttention has failed in this process."""
+    chosen = next(name for name in AUTO_ON_CUDA if unusable[name] is None and not (name == "flex" and flex_failure))
+    if chosen != AUTO_ON_CUDA[0]:
+        _log_fallback_once(chosen, unusable[AUTO_ON_CUDA[0]] or f"it failed: {flex_failure}")
+    return chosen
 
 
 def _flash_refusal(query, value, prefix_kv, options: AttentionOptions) -> str | None:
@@ -95,4 +104,4 @@ def _flash_refusal(query, value, prefix_kv, options: AttentionOptions) -> str | 
 
 @functools.cache
 def _log_fallback_once(chosen: str, reason: str) -> None:
-    logger.warning("grouped attention on CUDA uses the %s path (flash-attn: %s)", chosen, reason)
+    logger.warning("grouped attention on CUDA uses the %s path (%s: %s)", chosen, AUTO_ON_CUDA[0], reason)
