@@ -5,7 +5,6 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from verl_ext import preflight
-from verl_ext.demo.build import SHIPPED_PROFILES
 from verl_ext.demo_resolver import register_demo_resolver
 from verl_ext.trainer_modes import serving_trainer
 
@@ -23,11 +22,7 @@ def test_recipe_is_valid(recipe):
     with initialize_config_module("verl_ext.recipes", version_base=None):
         config = compose(recipe)
     preflight.check_before_data(config)
-    if config.verl_ext.demo_profile not in SHIPPED_PROFILES:
-        # resolved on the shipped dense build: building the hybrid here would add minutes to CI
-        # (tests/demo/test_build.py builds it at test size)
-        config.verl_ext.demo_profile, config.verl_ext.data_dir = "full", None
-    OmegaConf.resolve(config)
+    OmegaConf.resolve(config)  # on the shipped builds: every CPU recipe's profile ships
     preflight.check(config)
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     # typed configs reject keys verl does not know

@@ -11,6 +11,7 @@ from verl_ext.demo.model import ModelShape, build_config, build_model
 from verl_ext.demo.warmstart import (
     IGNORE_INDEX,
     FormationCheck,
+    RewardStop,
     SFTConfig,
     WarmStartStalled,
     _answer_loss,
@@ -125,3 +126,31 @@ def test_a_formation_check_stops_the_warm_start_at_its_step_only_if_the_loss_is_
         warm_start(FormationCheck(step=2, max_loss=bound))
     # a check the loss meets, just, leaves the warm start as it was
     assert warm_start(FormationCheck(step=2, max_loss=at_step_2 + 1e-6)) == losses
+
+
+def test_a_reward_stop_ends_the_full_prompt_phase_at_the_first_check_that_reaches_its_target(full_tokenizer,
+                                                                                          full_splits):
+    config = SFTConfig(record_only_steps=2, full_prompt_steps=6, batch_size=2, warmup_steps=1)
+    examples = full_splits.sft_pool[:20]
+    rewards = iter([0.5, 0.8, 0.9])  # read at full-prompt steps 2 and 4 (step 6 is the end: the build measures it)
+
+    def warm_start(stop=None, reward_of=None):
+        model = build_model(build_config(full_tokenizer, SMALL), seed=0)
+        losses = supervised_warm_start(model, full_tokenizer, examples, config, stop=stop, reward_of=reward_of)
+        return losses, model
+
+    whole, _ = warm_start()
+    read_at = []
+
+    def reward_of(model):
+        assert not model.training  # sampled in eval mode
+        read_at.append(len(read_at))
+        return next(rewards)
+
+    stopped, model = warm_start(RewardStop(every=2, target=0.75), reward_of)
+    assert len(read_at) == 2 and stopped == whole[: 2 + 4]  # stopped after the second check, on the same path
+    assert not model.training
+    never, _ = warm_start(RewardStop(every=2, target=1.5), lambda model: 0.0)
+    assert never == whole  # a target never reached leaves the warm start as it was
+    with pytest.raises(ValueError, match="reward_of"):
+        warm_start(RewardStop(every=2, target=0.75))

@@ -1,7 +1,7 @@
 """The embedded demo's builds (tokenizer, policy, warm start, parquet): shipped built, or built in a folder of yours.
 
-    python -m verl_ext.demo.build [--profile full|long] [--rebuild] [--first-seed N]   # the shipped builds
-    python -m verl_ext.demo.build --data-dir DIR [--profile ...] [--rebuild]              # a build of your own
+    python -m verl_ext.demo.build [--profile full|long|hybrid] [--rebuild] [--first-seed N]   # the shipped builds
+    python -m verl_ext.demo.build --data-dir DIR [--profile ...] [--rebuild]                     # a build of your own
 
 The shipped builds (SHIPPED_PROFILES) live in the package, under verl_ext/demo/built/, so every machine starts from
 the same policy and nothing is built before a run; `make defaults` rebuilds all of them (after a change to the task,
@@ -52,8 +52,8 @@ from verl_ext.demo.model import ModelShape, build_config, build_model
 from verl_ext.demo.stamp import (MARKER_NAME, StampError, changed_files, is_current, read_stamp, stamp_sha256,
                                  write_stamp)
 from verl_ext.demo.tokenizer import save_tokenizer, train_tokenizer
-from verl_ext.demo.warmstart import (FormationCheck, SFTConfig, WarmStartStalled, answer_ids, mean_sampled_reward,
-                                    prompt_ids, supervised_warm_start)
+from verl_ext.demo.warmstart import (FormationCheck, RewardStop, SFTConfig, WarmStartStalled, answer_ids,
+                                    mean_sampled_reward, prompt_ids, supervised_warm_start)
 from verl_ext.settings import DemoProfile as ProfileName
 
 logger = logging.getLogger(__name__)
@@ -69,12 +69,10 @@ REQUIRED_FILES = (
     REPORT_NAME,
 )
 
-# The builds that ship in the package, built: demo_cpu's and demo_cpu_long's. The hybrid ones are built on first use
-# under a data_dir (demo_cpu_hybrid names one) until a build in their band is found: on an AMD EPYC with AVX2, 8 seeds
-# of the hybrid warm start either formed late (refused at step 400) or ended at 0.89-0.91, above the band (session 44,
-# docs/design-notes.md). `test` is the unit tests' own, built in seconds.
+# The builds that ship in the package, built: demo_cpu's, demo_cpu_long's and demo_cpu_hybrid's. hybrid_long (a
+# benchmark's) is built on first use under a data_dir; `test` is the unit tests' own, built in seconds.
 SHIPPED_ROOT = Path(__file__).resolve().parent / "built"
-SHIPPED_PROFILES = ("full", "long")
+SHIPPED_PROFILES = ("full", "long", "hybrid")
 REBUILD_SHIPPED = "make defaults"  # every shipped build, in order (a continued build after its base)
 
 EXTRA_SEED = 1234  # new task examples for DemoAssets.prompt_ids beyond the built prompts
@@ -95,6 +93,7 @@ class BuildProfile:
     task: str = "record"  # what a prompt asks for: a key of task.DRAWS
     init_from: str | None = None  # a profile whose model and tokenizer this build starts from (built first)
     max_answer_tokens: int = 64  # sampling budget when measuring the start reward
+    reward_stop: RewardStop | None = None  # ends the full-prompt phase on the start reward (measured the same way)
 
 
 # The policies' shapes; a profile that continues from another (init_from) keeps that one's shape.
@@ -150,6 +149,11 @@ PROFILES: dict[str, BuildProfile] = {
         shape=HYBRID_SHAPE,
         sft=SFTConfig(record_only_steps=800, full_prompt_steps=150, batch_size=32),
         eval_samples=64,
+        # On an AMD EPYC with AVX2 the warm starts whose copying formed early ended at 0.875-0.91 (seeds 3 and 7),
+        # above the band, and the others formed late; ending the full-prompt phase at 0.70 kept seed 7's at 0.702
+        # (step 825), from which the demo learned +0.15 (2026-12-08). On the Xeon whose seed 0 reached 0.676 at the
+        # end, no check reaches 0.70 and the build is the one measured there before.
+        reward_stop=RewardStop(every=25, target=0.70),
     ),
     # the long-answer task on the hybrid policy, continued from its build as long is from full: what
     # benchmarks/engine_rollout.py --profile hybrid_long decodes
@@ -223,16 +227,19 @@ class DemoAssets:
 
 
 def ensure_demo_assets(
-    data_dir: str | Path | None = None, *, rebuild: bool = False, profile: ProfileName = "full", first_seed: int = 0
+    data_dir: str | Path | None = None, *, rebuild: bool = False, profile: ProfileName = "full",
+    first_seed: int | None = None,
 ) -> DemoAssets:
     """The demo assets of `profile`: the shipped build where `data_dir` is None (rebuilt in place only if
     `rebuild`), else the build under `data_dir`, built first if absent, stale (built by other code or settings) or
     if `rebuild`. A damaged build, or a stale or missing shipped one, raises `DemoAssetsError`. A build tries the
-    warm start's seeds from `first_seed` past the profile's (the stamp records the one kept)."""
+    warm start's seeds from `first_seed` past the profile's (the stamp records the one kept; by default 0, and for
+    a shipped build the seed it was made from, so that a rebuild repeats it on that processor)."""
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES)}")
     if data_dir is None:
         return _shipped(profile, rebuild, first_seed)
+    first_seed = first_seed or 0
     root = Path(data_dir).expanduser().resolve()
     final = _folder(root, profile)
     if not rebuild and final.exists() and _is_current(root, profile, _fix(final)):
@@ -246,7 +253,7 @@ def ensure_demo_assets(
     return _load_built(final, _fix(final))
 
 
-def _shipped(profile: ProfileName, rebuild: bool, first_seed: int) -> DemoAssets:
+def _shipped(profile: ProfileName, rebuild: bool, first_seed: int | None) -> DemoAssets:
     final = _folder(SHIPPED_ROOT, profile)
     fix = _shipped_fix(profile)
     if profile not in SHIPPED_PROFILES:
@@ -254,6 +261,8 @@ def _shipped(profile: ProfileName, rebuild: bool, first_seed: int) -> DemoAssets
                               f"{', '.join(SHIPPED_PROFILES)}); set verl_ext.data_dir (or --data-dir) to a folder to "
                               "build it there")
     if rebuild:
+        if first_seed is None:
+            first_seed = _shipped_seed(final, profile)
         with _build_lock(SHIPPED_ROOT, final):
             _build_atomically(SHIPPED_ROOT, final, profile, first_seed)
     elif not final.exists():
@@ -262,6 +271,14 @@ def _shipped(profile: ProfileName, rebuild: bool, first_seed: int) -> DemoAssets
         raise DemoAssetsError(f"the shipped {profile} build at {final} was made by other code or settings "
                               f"(its {MARKER_NAME} is not this code's stamp); {fix}")
     return _load_built(final, fix)
+
+
+def _shipped_seed(final: Path, profile: ProfileName) -> int:
+    """The warm start's seed (past the profile's) that the shipped build was made from, 0 where none is readable."""
+    try:
+        return int(read_stamp(final)["warm_start_seed"]) - PROFILES[profile].seed
+    except (OSError, StampError, KeyError, TypeError, ValueError):
+        return 0
 
 
 def _folder(root: Path, profile: ProfileName) -> Path:
@@ -302,8 +319,13 @@ def current_stamp(root: Path, profile: ProfileName) -> dict[str, Any]:
     }
 
 
+# Profile fields added after builds shipped: hashed only where set, so that the builds without them stay current.
+_HASHED_ONLY_WHEN_SET = ("reward_stop",)
+
+
 def _settings_sha256(profile: ProfileName) -> str:
-    settings: Any = asdict(PROFILES[profile])
+    settings: Any = {key: value for key, value in asdict(PROFILES[profile]).items()
+                     if not (key in _HASHED_ONLY_WHEN_SET and value is None)}
     base = PROFILES[profile].init_from
     if base:  # a build that starts from another one is stale when that one's settings change
         settings = [settings, _settings_sha256(base)]
@@ -486,7 +508,9 @@ def _warm_start(root: Path, profile_name: ProfileName, splits: TaskSplits, seed_
     logger.info("warm start: %d steps on %d examples", profile.sft.steps, len(splits.sft_pool))
     sft_start = time.monotonic()
     sft = replace(profile.sft, seed=profile.sft.seed + seed_offset)
-    losses = supervised_warm_start(model, tokenizer, splits.sft_pool, sft, FORMATION_CHECKS.get(profile_name))
+    losses = supervised_warm_start(model, tokenizer, splits.sft_pool, sft, FORMATION_CHECKS.get(profile_name),
+                                   profile.reward_stop,
+                                   lambda policy: measure_start_reward(policy, tokenizer, profile, splits)[0])
     seconds = time.monotonic() - sft_start
 
     start_reward, sampled_lengths = measure_start_reward(model, tokenizer, profile, splits)
@@ -557,9 +581,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="a folder for a build of your own (default: the shipped builds, verl_ext/demo/built)")
     parser.add_argument("--rebuild", action="store_true", help="build again even if a current build is there")
     parser.add_argument("--profile", choices=sorted(PROFILES), default="full")
-    parser.add_argument("--first-seed", type=int, default=0,
+    parser.add_argument("--first-seed", type=int, default=None,
                         help="the warm start's first seed past the profile's; a build tries it and the next ones (the "
-                             "stamp's warm_start_seed: the one kept; a rebuild from it repeats it on that processor)")
+                             "stamp's warm_start_seed: the one kept; a rebuild from it repeats it on that processor). "
+                             "Default: 0, and for a shipped build the seed it was made from")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:

@@ -19,6 +19,7 @@ import math
 import random
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -63,6 +64,19 @@ class FormationCheck:
 
     step: int
     max_loss: float
+
+
+@dataclass(frozen=True)
+class RewardStop:
+    """Ends the full-prompt phase at the first check, every `every` of its steps, whose sampled reward reaches
+    `target`: a warm start whose float path learns fast stops where its demo still has room to learn."""
+
+    every: int
+    target: float
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ValueError(f"RewardStop.every must be at least 1, got {self.every}")
 
 
 class WarmStartStalled(RuntimeError):
@@ -188,10 +202,15 @@ def _shorter_delta_rule_chunks(model: PreTrainedModel) -> None:
 
 def supervised_warm_start(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: list[Example], config: SFTConfig,
-    check: FormationCheck | None = None,
+    check: FormationCheck | None = None, stop: RewardStop | None = None,
+    reward_of: Callable[[PreTrainedModel], float] | None = None,
 ) -> list[float]:
     """Train `model` in place on `examples` (sampled with replacement); returns the loss per step. With `check`,
-    raises WarmStartStalled at its step if the loss is above its bound."""
+    raises WarmStartStalled at its step if the loss is above its bound. With `stop`, `reward_of(model)` (in eval
+    mode) is measured at its checks of the full-prompt phase, and the warm start ends at the first that reaches its
+    target."""
+    if stop is not None and reward_of is None:
+        raise ValueError("a RewardStop needs reward_of, the reward it reads")
     rng = random.Random(config.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     _shorter_delta_rule_chunks(model)
@@ -218,6 +237,14 @@ def supervised_warm_start(
             recent = sum(losses[-25:]) / len(losses[-25:])
             if recent > check.max_loss:
                 raise WarmStartStalled(f"loss {recent:.3f} at step {check.step}, above {check.max_loss}")
+        phase_steps = step + 1 - config.record_only_steps
+        if stop is not None and phase_steps > 0 and phase_steps % stop.every == 0 and step + 1 < config.steps:
+            model.eval()
+            reward = reward_of(model)
+            logger.info("warm start step %d: sampled reward %.3f (stops at %.2f)", step + 1, reward, stop.target)
+            if reward >= stop.target:
+                break
+            model.train()
     model.eval()
     return losses
 
