@@ -89,6 +89,7 @@ endif
 # on 2 cores). The suite reads the shipped embedded defaults; it builds only the unit tests' tiny profile. A part that
 # ARGS leaves empty (pytest's exit 5, no tests selected) is not a failure.
 VLLM_TESTED := $(VLLM_VENV).tested
+VLLM_ENV_ONLY := --ignore=tests/vllm_engine --ignore=tests/verls_stack  # the folders test-vllm runs
 MAIN_PYTHON := $(SHARED_CORES) $(BIN)/python
 test: install
 	@rm -f $(VLLM_TESTED) $(VLLM_TESTED).log; \
@@ -96,9 +97,9 @@ test: install
 		{ $(MAKE) --no-print-directory install-vllm > $(VLLM_VENV).log 2>&1 && \
 		  { $(MAKE) --no-print-directory test-vllm > $(VLLM_TESTED).log 2>&1; echo $$? > $(VLLM_TESTED); }; } & fi; \
 	main=0; \
-	$(MAIN_PYTHON) -m pytest -q -m grpo_runs --durations=8 --ignore=tests/vllm_engine $(ARGS) \
+	$(MAIN_PYTHON) -m pytest -q -m grpo_runs --durations=8 $(VLLM_ENV_ONLY) $(ARGS) \
 		|| { rc=$$?; [ $$rc = 5 ] || main=$$rc; }; \
-	$(MAIN_PYTHON) -m pytest -q $(WORKERS) -m "not grpo_runs" --durations=8 --ignore=tests/vllm_engine $(ARGS) \
+	$(MAIN_PYTHON) -m pytest -q $(WORKERS) -m "not grpo_runs" --durations=8 $(VLLM_ENV_ONLY) $(ARGS) \
 		|| { rc=$$?; [ $$rc = 5 ] || main=$$rc; }; \
 	wait; vllm=0; \
 	if [ -f $(VLLM_TESTED) ]; then cat $(VLLM_TESTED).log; vllm=$$(cat $(VLLM_TESTED)); \
@@ -111,9 +112,10 @@ test: install
 # That environment is the stack `pip install 'verl[vllm]==0.9.1'` gives GPU users (torch 2.11.0, transformers 5.9.0),
 # so the suite also runs there the grouped forward (model level and through verl's FSDP engine, LoRA included) and
 # the HF rollout engine, which the main environment runs on torch 2.13 and transformers 5.10 (its GRPO run:
-# test_demo_cpu_vllm). 3.7 minutes beside a vLLM install on 2 cores (2026-12-07).
+# test_demo_cpu_vllm). 3.7 minutes beside a vLLM install on 2 cores (2026-12-07). tests/verls_stack runs only here:
+# a LoRA GRPO step pair (about 3.5 minutes), which this suite has room for before the main suite's GRPO runs end.
 VERLS_STACK_TESTS := tests/attention/test_grouped_equivalence.py tests/workers/test_grouped_engine.py \
-	tests/workers/test_grouped_engine_lora.py tests/rollout/test_engine.py
+	tests/workers/test_grouped_engine_lora.py tests/rollout/test_engine.py tests/verls_stack
 test-vllm:
 ifneq ($(VERL_EXT_SKIP_VLLM),)
 	@echo "vLLM tests skipped: VERL_EXT_SKIP_VLLM is set"
