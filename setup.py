@@ -18,8 +18,8 @@ INSTALL_REQUIRES = [
     "cachetools",
     "ray[default]>=2.60,<2.61",
     "hydra-core==1.3.8",
-    # verl 0.9.1 allows >=5.5.3,<5.11 and its vllm extra pins 5.9.0; verl_ext's tests pass on 5.9.0 and 5.10.4
-    # (the main environment's, constraints.txt: the version docs/model-support.md was swept with).
+    # verl 0.9.1 allows >=5.5.3,<5.11 and its vllm extra pins 5.9.0, which both test environments run
+    # (constraints.txt, constraints-vllm.txt) and docs/model-support.md was swept with; the suite passed on 5.10.4 too.
     "transformers>=5.9,<5.11",
     "tokenizers>=0.22,<0.23",
     "pandas",
