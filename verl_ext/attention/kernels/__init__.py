@@ -70,16 +70,17 @@ class GroupedKernels:
         return grouped_sdpa_attention(query, key, value, meta, scale, prefix_kv, options)
 
     def choose(self, query, value, prefix_kv, options: AttentionOptions) -> str:
-        """The kernel that runs this call."""
-        unusable = {"sdpa": None, "flex": flex_unusable_reason(query), "flash": _flash_refusal(query, value, prefix_kv, options)}
+        """The kernel that runs this call. Every attention layer asks, so only the reasons it reads are worked out."""
+        reasons = {"sdpa": lambda: None, "flex": lambda: flex_unusable_reason(query),
+                   "flash": lambda: _flash_refusal(query, value, prefix_kv, options)}
         if self.backend != "auto":
-            if unusable[self.backend] is not None:
-                raise RuntimeError(f"grouped attention backend {self.backend!r} requested but unusable: "
-                                   f"{unusable[self.backend]}")
+            unusable = reasons[self.backend]()
+            if unusable is not None:
+                raise RuntimeError(f"grouped attention backend {self.backend!r} requested but unusable: {unusable}")
             return self.backend
         if not query.is_cuda:
             return "sdpa"
-        return auto_on_cuda(unusable, self.flex_failure)
+        return auto_on_cuda({name: reasons[name]() for name in AUTO_ON_CUDA}, self.flex_failure)
 
 
 def auto_on_cuda(unusable: dict[str, str | None], flex_failure: str | None = None) -> str:
