@@ -111,8 +111,9 @@ test: install
 # that does not build, or whose extension does not load (the probe, in a child process), fails with the reason.
 # That environment is the stack `pip install 'verl[vllm]==0.9.1'` gives GPU users (torch 2.11.0, transformers 5.9.0),
 # so the suite also runs there the grouped forward (model level and through verl's FSDP engine, LoRA included) and
-# the HF rollout engine, which the main environment runs on torch 2.13 (its GRPO run: test_demo_cpu_vllm). 3.7 minutes beside a vLLM install on 2 cores (2026-12-07). tests/verls_stack runs only here:
-# a LoRA GRPO step pair (about 3.5 minutes), which this suite has room for before the main suite's GRPO runs end.
+# the HF rollout engine, which the main environment runs on torch 2.13 (its GRPO run: test_demo_cpu_vllm).
+# tests/verls_stack runs only here: a LoRA GRPO step pair (411 s beside the main suite's GRPO runs, 2026-12-08), which
+# this suite has room for before those end (the whole suite 1413 s against their 1736 s).
 VERLS_STACK_TESTS := tests/attention/test_grouped_equivalence.py tests/workers/test_grouped_engine.py \
 	tests/workers/test_grouped_engine_lora.py tests/rollout/test_engine.py tests/verls_stack
 test-vllm:
